@@ -1,0 +1,33 @@
+#pragma once
+/// \file
+/// The umbrella header: everything, with the LibTorch integration when COHORT_WITH_TORCH is set
+/// (the cohort::cohort CMake target sets it when Torch was found).
+
+#include "cohort/checkpointing/policies.hpp"
+#include "cohort/comm/any.hpp"
+#include "cohort/comm/collectives.hpp"
+#include "cohort/comm/communicator.hpp"
+#include "cohort/comm/mpi.hpp"
+#include "cohort/concepts.hpp"
+#include "cohort/context.hpp"
+#include "cohort/environment.hpp"
+#include "cohort/error.hpp"
+#include "cohort/fwd.hpp"
+#include "cohort/report/console.hpp"
+#include "cohort/report/flatten.hpp"
+#include "cohort/report/run_directory.hpp"
+#include "cohort/result.hpp"
+#include "cohort/run_config.hpp"
+#include "cohort/scaling/cpu.hpp"
+#include "cohort/scaling/device.hpp"
+#include "cohort/scaling/topology.hpp"
+#include "cohort/sharding/policies.hpp"
+#include "cohort/torch/bucket_plan.hpp"
+#include "cohort/torch/model_options.hpp"
+#include "cohort/trainer.hpp"
+
+#if COHORT_WITH_TORCH
+#include "cohort/torch/device.hpp"
+#include "cohort/torch/prepare_model.hpp"
+#include "cohort/torch/threads.hpp"
+#endif

@@ -1,0 +1,56 @@
+#pragma once
+/// \file
+/// The communicator concept: the collectives a trainer needs, over raw buffers.
+/// Implementations: comm::mpi (CPU, always available) and, with COHORT_WITH_NCCL, the NCCL
+/// backend of the GPU issue. Nothing here depends on LibTorch.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+
+namespace cohort::comm {
+
+/// Element-wise reduction applied by allreduce.
+enum class reduce_op { sum, max, min };
+
+/// Element types every communicator reduces.
+template <class T>
+concept reducible = std::same_as<T, float> || std::same_as<T, double> ||
+                    std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> ||
+                    std::same_as<T, std::uint8_t> || std::same_as<T, std::uint64_t>;
+
+/// A handle to a collective in flight. `wait()` blocks until it completes; `test()` makes
+/// progress and says whether it has completed.
+template <class R>
+concept request = std::movable<R> && requires(R& r) {
+  r.wait();
+  { r.test() } -> std::same_as<bool>;
+};
+
+/// What a trainer needs from a communicator. Every collective must be entered by every rank
+/// of the communicator in the same order; buffers are raw and owned by the caller.
+///  - allreduce / iallreduce: in place, element-wise `op` over all ranks.
+///  - broadcast: `bytes` from `root` to every rank.
+///  - allgather: `bytes` from each rank into `recv` (size() * bytes), in rank order.
+///  - split: a new communicator per `color`, ranks ordered by `key` (MPI_Comm_split semantics).
+template <class C>
+concept communicator =
+    std::movable<C> &&
+    requires(C& c, C const& cc, float* f, double* d, std::int32_t* i32, std::int64_t* i,
+             std::uint8_t* u8, std::uint64_t* u64, std::byte* b, std::byte const* cb, std::size_t n, int r) {
+      { cc.rank() } -> std::same_as<int>;
+      { cc.size() } -> std::same_as<int>;
+      c.allreduce(f, n, reduce_op::sum);
+      c.allreduce(d, n, reduce_op::sum);
+      c.allreduce(i32, n, reduce_op::sum);
+      c.allreduce(i, n, reduce_op::max);
+      c.allreduce(u8, n, reduce_op::min);
+      c.allreduce(u64, n, reduce_op::sum);
+      { c.iallreduce(f, n, reduce_op::sum) } -> request;
+      c.broadcast(b, n, r);
+      c.allgather(cb, n, b);
+      c.barrier();
+      { cc.split(r, r) } -> std::same_as<C>;
+    };
+
+}  // namespace cohort::comm

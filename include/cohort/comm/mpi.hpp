@@ -1,0 +1,205 @@
+#pragma once
+/// \file
+/// comm::mpi: the communicator concept over an MPI communicator, for CPU buffers.
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cohort/comm/communicator.hpp"
+#include "cohort/error.hpp"
+
+namespace cohort::comm {
+
+namespace detail {
+
+inline void check_mpi(int code, char const* what) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  throw cohort::error(std::string("MPI call ") + what + " failed: " + std::string(text, len));
+}
+
+template <class T>
+MPI_Datatype mpi_type() {
+  if constexpr (std::same_as<T, float>) return MPI_FLOAT;
+  else if constexpr (std::same_as<T, double>) return MPI_DOUBLE;
+  else if constexpr (std::same_as<T, std::int32_t>) return MPI_INT32_T;
+  else if constexpr (std::same_as<T, std::int64_t>) return MPI_INT64_T;
+  else if constexpr (std::same_as<T, std::uint8_t>) return MPI_UINT8_T;
+  else return MPI_UINT64_T;
+}
+
+inline MPI_Op mpi_op(reduce_op op) {
+  switch (op) {
+    case reduce_op::max: return MPI_MAX;
+    case reduce_op::min: return MPI_MIN;
+    default: return MPI_SUM;
+  }
+}
+
+/// MPI counts are `int`; larger buffers go in chunks of this many elements.
+inline constexpr std::size_t max_chunk = static_cast<std::size_t>(INT_MAX) / 2;
+
+}  // namespace detail
+
+/// A non-blocking MPI collective in flight (move-only, no heap allocation unless the buffer
+/// needed more than one MPI call). Destroying an unfinished request waits for it.
+class mpi_request {
+ public:
+  mpi_request() = default;
+  mpi_request(MPI_Request first, std::vector<MPI_Request> rest) : first_(first), rest_(std::move(rest)) {}
+  mpi_request(mpi_request&& o) noexcept
+      : first_(std::exchange(o.first_, MPI_REQUEST_NULL)), rest_(std::exchange(o.rest_, {})) {}
+  mpi_request& operator=(mpi_request&& o) noexcept {
+    if (this != &o) {
+      finish_quietly();
+      first_ = std::exchange(o.first_, MPI_REQUEST_NULL);
+      rest_ = std::exchange(o.rest_, {});
+    }
+    return *this;
+  }
+  mpi_request(mpi_request const&) = delete;
+  mpi_request& operator=(mpi_request const&) = delete;
+  ~mpi_request() { finish_quietly(); }
+
+  /// Blocks until the collective has completed on this rank.
+  void wait() {
+    detail::check_mpi(MPI_Wait(&first_, MPI_STATUS_IGNORE), "MPI_Wait");
+    if (!rest_.empty())
+      detail::check_mpi(MPI_Waitall(static_cast<int>(rest_.size()), rest_.data(), MPI_STATUSES_IGNORE),
+                        "MPI_Waitall");
+  }
+  /// Drives progress; true once the collective has completed on this rank.
+  bool test() {
+    int done = 0;
+    detail::check_mpi(MPI_Test(&first_, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done && !rest_.empty())
+      detail::check_mpi(MPI_Testall(static_cast<int>(rest_.size()), rest_.data(), &done, MPI_STATUSES_IGNORE),
+                        "MPI_Testall");
+    return done != 0;
+  }
+
+ private:
+  void finish_quietly() noexcept {
+    if (first_ != MPI_REQUEST_NULL) MPI_Wait(&first_, MPI_STATUS_IGNORE);
+    if (!rest_.empty()) MPI_Waitall(static_cast<int>(rest_.size()), rest_.data(), MPI_STATUSES_IGNORE);
+    rest_.clear();
+  }
+  MPI_Request first_ = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> rest_;
+};
+
+/// The communicator concept over an MPI communicator. `world()` views MPI_COMM_WORLD without
+/// owning it; `split()` returns communicators that free themselves. Move-only.
+class mpi {
+ public:
+  /// MPI_COMM_WORLD (not owned). Precondition: MPI is initialised (see cohort::environment).
+  static mpi world() { return mpi(MPI_COMM_WORLD, false); }
+
+  /// Wraps `comm`; frees it on destruction when `owned`.
+  mpi(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+    detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    detail::check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  }
+  mpi(mpi&& o) noexcept
+      : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), owned_(std::exchange(o.owned_, false)),
+        rank_(o.rank_), size_(o.size_) {}
+  mpi& operator=(mpi&& o) noexcept {
+    if (this != &o) {
+      release();
+      comm_ = std::exchange(o.comm_, MPI_COMM_NULL);
+      owned_ = std::exchange(o.owned_, false);
+      rank_ = o.rank_;
+      size_ = o.size_;
+    }
+    return *this;
+  }
+  mpi(mpi const&) = delete;
+  mpi& operator=(mpi const&) = delete;
+  ~mpi() { release(); }
+
+  /// This process's rank in the communicator.
+  int rank() const { return rank_; }
+  /// Number of ranks in the communicator.
+  int size() const { return size_; }
+  /// The MPI handle, for code that calls MPI directly.
+  MPI_Comm native() const { return comm_; }
+
+  /// In-place element-wise reduction over all ranks. Cost: one MPI_Allreduce per 1 Gi elements.
+  template <reducible T>
+  void allreduce(T* data, std::size_t count, reduce_op op) {
+    for (std::size_t off = 0; off < count; off += detail::max_chunk) {
+      auto n = static_cast<int>(std::min(detail::max_chunk, count - off));
+      detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + off, n, detail::mpi_type<T>(),
+                                      detail::mpi_op(op), comm_),
+                        "MPI_Allreduce");
+    }
+  }
+
+  /// Non-blocking in-place reduction; `data` must stay valid until the request completes.
+  template <reducible T>
+  mpi_request iallreduce(T* data, std::size_t count, reduce_op op) {
+    MPI_Request first = MPI_REQUEST_NULL;
+    std::vector<MPI_Request> rest;
+    for (std::size_t off = 0; off < count; off += detail::max_chunk) {
+      auto n = static_cast<int>(std::min(detail::max_chunk, count - off));
+      MPI_Request r;
+      detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data + off, n, detail::mpi_type<T>(),
+                                       detail::mpi_op(op), comm_, &r),
+                        "MPI_Iallreduce");
+      if (off == 0) first = r;
+      else rest.push_back(r);
+    }
+    return mpi_request(first, std::move(rest));
+  }
+
+  /// Copies `bytes` bytes from `root`'s buffer into every rank's buffer.
+  void broadcast(std::byte* data, std::size_t bytes, int root) {
+    for (std::size_t off = 0; off < bytes; off += detail::max_chunk) {
+      auto n = static_cast<int>(std::min(detail::max_chunk, bytes - off));
+      detail::check_mpi(MPI_Bcast(data + off, n, MPI_BYTE, root, comm_), "MPI_Bcast");
+    }
+  }
+
+  /// Gathers `bytes` bytes from every rank into `recv` (size() * bytes), in rank order.
+  void allgather(std::byte const* send, std::size_t bytes, std::byte* recv) {
+    if (bytes > detail::max_chunk) throw cohort::error("allgather of more than 1 GiB per rank is not supported");
+    detail::check_mpi(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv,
+                                    static_cast<int>(bytes), MPI_BYTE, comm_),
+                      "MPI_Allgather");
+  }
+
+  /// Blocks until every rank has entered the barrier.
+  void barrier() { detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+  /// A new communicator holding the ranks that pass the same `color`, ordered by `key`.
+  mpi split(int color, int key) const {
+    MPI_Comm out = MPI_COMM_NULL;
+    detail::check_mpi(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split");
+    return mpi(out, true);
+  }
+
+ private:
+  void release() noexcept {
+    if (owned_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    comm_ = MPI_COMM_NULL;
+    owned_ = false;
+  }
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  bool owned_ = false;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+static_assert(communicator<mpi>);
+static_assert(request<mpi_request>);
+
+}  // namespace cohort::comm

@@ -1,0 +1,64 @@
+#pragma once
+/// \file
+/// cohort::environment: MPI up for the lifetime of an object, down at scope exit.
+
+#include <mpi.h>
+
+#include "cohort/comm/mpi.hpp"
+#include "cohort/error.hpp"
+
+namespace cohort {
+
+namespace detail {
+
+/// Initialises MPI (MPI_THREAD_SERIALIZED: one thread at a time calls MPI; cohort's background
+/// work never calls it concurrently with the training thread) unless it is already up.
+/// Returns true when this call initialised it.
+inline bool ensure_mpi(int* argc, char*** argv) {
+  int up = 0;
+  MPI_Initialized(&up);
+  if (up) return false;
+  int provided = 0;
+  comm::detail::check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+  return true;
+}
+
+/// For `trainer{fn}.fit(cfg)` without an environment: MPI is initialised on first use and
+/// finalised when the program exits.
+inline void ensure_mpi_for_program() {
+  struct finalizer {
+    bool owns = ensure_mpi(nullptr, nullptr);
+    ~finalizer() {
+      int done = 0;
+      MPI_Finalized(&done);
+      if (owns && !done) MPI_Finalize();
+    }
+  };
+  static finalizer f;
+}
+
+}  // namespace detail
+
+/// Brings MPI up (MPI_THREAD_SERIALIZED) and takes it down at scope exit. Construct one at the
+/// top of main, on every rank, before any cohort call:
+/// `cohort::environment env{argc, argv};`. If MPI is already initialised, it is left alone.
+class environment {
+ public:
+  environment() : owns_(detail::ensure_mpi(nullptr, nullptr)) {}
+  environment(int& argc, char**& argv) : owns_(detail::ensure_mpi(&argc, &argv)) {}
+  environment(environment const&) = delete;
+  environment& operator=(environment const&) = delete;
+  ~environment() {
+    int done = 0;
+    MPI_Finalized(&done);
+    if (owns_ && !done) MPI_Finalize();
+  }
+
+  /// The world communicator (MPI_COMM_WORLD, not owned).
+  comm::mpi world() const { return comm::mpi::world(); }
+
+ private:
+  bool owns_;
+};
+
+}  // namespace cohort

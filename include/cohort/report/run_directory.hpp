@@ -1,0 +1,115 @@
+#pragma once
+/// \file
+/// The run directory: params.json, result.json (one JSON object per line, one line per report)
+/// and progress.csv (flattened keys), laid out as Ray lays out a trial directory. Only the
+/// owning rank (rank 0 of a trainer) creates one.
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/error.hpp"
+#include "cohort/report/flatten.hpp"
+
+namespace cohort::report {
+
+/// Writes `text` to `path` atomically: a temporary file in the same directory, then a rename, so
+/// a reader never sees a half-written file under the final name.
+inline void write_file_atomic(std::filesystem::path const& path, std::string const& text) {
+  auto tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw cohort::error("could not write " + tmp.string() + ": check free space and permissions");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw cohort::error("could not rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+}
+
+/// A run directory owned by one rank: creates it, writes params.json once, then appends one
+/// row per report. progress.csv keeps the columns of the first report; when a later report
+/// brings new keys the file is rewritten (atomically) with the wider header.
+class run_directory {
+ public:
+  /// Creates `path` (and parents) and writes params.json. Throws cohort::error with the cause
+  /// and the fix when the directory cannot be created or written, or already holds the results
+  /// of an earlier run (they are never overwritten).
+  run_directory(std::filesystem::path path, nlohmann::json const& params) : path_(std::move(path)) {
+    std::error_code ec;
+    std::filesystem::create_directories(path_, ec);
+    if (ec || !std::filesystem::is_directory(path_))
+      throw cohort::error("cannot create run directory " + path_.string() + " (" +
+                          (ec ? ec.message() : std::string("not a directory")) +
+                          "): set run_config.storage_path to a writable directory");
+    if (std::filesystem::exists(path_ / "result.json", ec))
+      throw cohort::error("run directory " + path_.string() +
+                          " already holds result.json from an earlier run: pick a new run_config.name "
+                          "(empty gives a timestamped one) or remove that directory");
+    try {
+      write_file_atomic(path_ / "params.json", params.dump(2) + "\n");
+    } catch (cohort::error const& e) {
+      throw cohort::error(std::string(e.what()) + "; set run_config.storage_path to a writable directory");
+    }
+  }
+
+  /// The directory.
+  std::filesystem::path const& path() const { return path_; }
+
+  /// Appends one report (already carrying the auto-filled keys) to result.json and progress.csv.
+  void append(nlohmann::json const& row) {
+    {
+      std::ofstream out(path_ / "result.json", std::ios::app);
+      out << row.dump() << "\n";
+      if (!out) throw cohort::error("could not append to " + (path_ / "result.json").string() + ": check free space");
+    }
+    auto flat = flatten(row);
+    rows_.push_back(flat);
+    bool widened = false;
+    for (auto const& [k, v] : flat)
+      if (std::find(columns_.begin(), columns_.end(), k) == columns_.end()) {
+        columns_.push_back(k);
+        widened = true;
+      }
+    if (widened) {
+      std::string all = header();
+      for (auto const& r : rows_) all += csv_row(r);
+      write_file_atomic(path_ / "progress.csv", all);
+    } else {
+      std::ofstream out(path_ / "progress.csv", std::ios::app);
+      out << csv_row(flat);
+      if (!out) throw cohort::error("could not append to " + (path_ / "progress.csv").string() + ": check free space");
+    }
+  }
+
+ private:
+  using flat_row = std::vector<std::pair<std::string, nlohmann::json>>;
+
+  std::string header() const {
+    std::string s;
+    for (std::size_t i = 0; i < columns_.size(); ++i) s += (i ? "," : "") + csv_field(columns_[i]);
+    return s + "\n";
+  }
+  std::string csv_row(flat_row const& r) const {
+    std::string s;
+    for (std::size_t i = 0; i < columns_.size(); ++i) {
+      if (i) s += ",";
+      auto it = std::find_if(r.begin(), r.end(), [&](auto const& kv) { return kv.first == columns_[i]; });
+      if (it != r.end()) s += csv_field(it->second);
+    }
+    return s + "\n";
+  }
+
+  std::filesystem::path path_;
+  std::vector<std::string> columns_;
+  std::vector<flat_row> rows_;
+};
+
+}  // namespace cohort::report

@@ -1,0 +1,20 @@
+#pragma once
+/// \file
+/// cohort::run_config: where a run's files go and how it reports.
+
+#include <chrono>
+#include <string>
+
+namespace cohort {
+
+/// Where and how a run records itself (Ray's RunConfig).
+struct run_config {
+  std::string name{};                        ///< run directory name; empty: "cohort_<UTC date-time>"
+  std::string storage_path = "cohort_results";  ///< parent of the run directory
+  int verbose = 1;                           ///< 0: silent; 1: one rank-0 line per report
+  /// How long a rank whose functor threw waits for the others to reach the end of fit() before
+  /// it aborts the job (they may be blocked in a collective it will never enter). Never a hang.
+  int abort_timeout_ms = 30'000;
+};
+
+}  // namespace cohort

@@ -1,0 +1,71 @@
+#pragma once
+/// \file
+/// Sharding policies: pure functions from (dataset size, world size, rank, epoch) to the sample
+/// indices one rank sees in one epoch. Invariant across ranks: every rank gets the same number
+/// of indices each epoch (unequal counts would hang collectives).
+
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace cohort::sharding {
+
+/// What happens to the `size % world` samples that do not divide evenly.
+enum class remainder {
+  pad,   ///< repeat samples from the start so every rank has ceil(size / world) (DistributedSampler)
+  drop,  ///< drop them so every rank has floor(size / world)
+};
+
+namespace detail {
+
+/// Pure: rank's part of `order`, `per_rank` entries, padded by wrapping around `order`.
+inline std::vector<std::size_t> take_block(std::vector<std::size_t> const& order, std::size_t per_rank,
+                                           int rank, bool interleave, int world) {
+  std::vector<std::size_t> out;
+  out.reserve(per_rank);
+  for (std::size_t i = 0; i < per_rank; ++i) {
+    std::size_t pos = interleave ? i * static_cast<std::size_t>(world) + static_cast<std::size_t>(rank)
+                                 : static_cast<std::size_t>(rank) * per_rank + i;
+    if (!order.empty()) out.push_back(order[pos % order.size()]);
+  }
+  return out;
+}
+
+inline std::size_t per_rank_count(std::size_t size, int world, remainder r) {
+  auto w = static_cast<std::size_t>(world);
+  return r == remainder::pad ? (size + w - 1) / w : size / w;
+}
+
+}  // namespace detail
+
+/// Each rank gets one contiguous block of indices, the same blocks every epoch.
+struct contiguous {
+  remainder on_remainder = remainder::pad;
+
+  std::vector<std::size_t> indices(std::size_t size, int world, int rank, std::int64_t /*epoch*/) const {
+    std::vector<std::size_t> order(size);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    return detail::take_block(order, detail::per_rank_count(size, world, on_remainder), rank, false, world);
+  }
+};
+
+/// One permutation per epoch, drawn from (seed, epoch) and identical on every rank, then dealt
+/// out round-robin (as torch's DistributedSampler does with shuffle=True).
+struct shuffled {
+  std::uint64_t seed = 0;
+  remainder on_remainder = remainder::pad;
+
+  std::vector<std::size_t> indices(std::size_t size, int world, int rank, std::int64_t epoch) const {
+    std::vector<std::size_t> order(size);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::mt19937_64 gen(seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(epoch));
+    // Fisher-Yates with our own index draw: std::shuffle's use of the engine is
+    // implementation-defined, and the permutation must be the same on every platform.
+    for (std::size_t i = size; i > 1; --i) std::swap(order[i - 1], order[gen() % i]);
+    return detail::take_block(order, detail::per_rank_count(size, world, on_remainder), rank, true, world);
+  }
+};
+
+}  // namespace cohort::sharding

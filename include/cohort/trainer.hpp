@@ -1,0 +1,312 @@
+#pragma once
+/// \file
+/// cohort::trainer: a user's training functor composed with scaling, sharding and checkpointing
+/// policies into a data-parallel run over a communicator.
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <cxxabi.h>
+#include <exception>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/comm/any.hpp"
+#include "cohort/comm/collectives.hpp"
+#include "cohort/comm/mpi.hpp"
+#include "cohort/concepts.hpp"
+#include "cohort/context.hpp"
+#include "cohort/detail/callable.hpp"
+#include "cohort/environment.hpp"
+#include "cohort/result.hpp"
+#include "cohort/run_config.hpp"
+
+#if COHORT_WITH_TORCH
+#include "cohort/torch/threads.hpp"
+#endif
+
+namespace cohort {
+
+namespace detail {
+
+template <class P>
+inline constexpr int policy_axes = int(scaling_policy<P>) + int(sharding_policy<P>) + int(checkpointing_policy<P>);
+
+/// Instantiated once per policy argument so that the error names the offending type.
+template <class P>
+struct check_policy {
+  static_assert(policy_axes<P> >= 1,
+                "cohort::trainer: this argument is not a policy: it must satisfy cohort::scaling_policy, "
+                "cohort::sharding_policy or cohort::checkpointing_policy (see cohort/concepts.hpp)");
+  static_assert(policy_axes<P> <= 1, "cohort::trainer: this policy satisfies more than one policy concept");
+  static constexpr bool value = true;
+};
+
+template <template <class> class Is, class Default, class... Ps>
+struct pick {
+  static_assert(((Is<Ps>::value ? 1 : 0) + ... + 0) <= 1,
+                "cohort::trainer: two policies given for the same axis (scaling, sharding or checkpointing)");
+  using type = Default;
+};
+template <template <class> class Is, class Default, class P, class... Ps>
+struct pick<Is, Default, P, Ps...> {
+  static_assert(((Is<Ps>::value ? 1 : 0) + ... + (Is<P>::value ? 1 : 0)) <= 1,
+                "cohort::trainer: two policies given for the same axis (scaling, sharding or checkpointing)");
+  using type = std::conditional_t<Is<P>::value, P, typename pick<Is, Default, Ps...>::type>;
+};
+template <class P> struct is_scaling : std::bool_constant<scaling_policy<P>> {};
+template <class P> struct is_sharding : std::bool_constant<sharding_policy<P>> {};
+template <class P> struct is_checkpointing : std::bool_constant<checkpointing_policy<P>> {};
+
+template <class T, class... Ps>
+T const& get_or(std::tuple<Ps...> const& ps, T const& fallback) {
+  if constexpr ((std::is_same_v<T, Ps> || ...)) return std::get<T>(ps);
+  else return fallback;
+}
+
+template <class T>
+std::string type_name() {
+  int status = 0;
+  char* d = abi::__cxa_demangle(typeid(T).name(), nullptr, nullptr, &status);
+  std::string s = (status == 0 && d) ? d : typeid(T).name();
+  std::free(d);
+  return s;
+}
+
+/// Agreement over `comm` (blocking; every rank must call): the first error any rank reports
+/// (prefixed with its rank when the ranks disagree), or nothing when all ranks are fine.
+template <comm::communicator C>
+std::optional<std::string> agree(C& comm, std::optional<std::string> const& local) {
+  auto all = comm::allgather_strings(comm, local ? "!" + *local : std::string{});
+  std::optional<std::string> first;
+  bool same = true;
+  int first_rank = -1;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty()) {
+      same = false;
+      continue;
+    }
+    if (!first) {
+      first = all[r].substr(1);
+      first_rank = static_cast<int>(r);
+    } else if (all[r].substr(1) != *first) {
+      same = false;
+    }
+  }
+  if (first && !same) return "rank " + std::to_string(first_rank) + ": " + *first;
+  return first;
+}
+
+inline std::string utc_stamp() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d_%H-%M-%S", &tm);
+  return buf;
+}
+
+inline std::string host_name() {
+  char name[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  return std::string(name, static_cast<std::size_t>(len));
+}
+
+}  // namespace detail
+
+/// A data-parallel trainer: `fn` run on every rank of a communicator, composed with up to one
+/// policy per axis, in any order: scaling (default scaling::cpu{}), sharding (default
+/// sharding::contiguous{}), checkpointing (default checkpointing::keep_all{}).
+///
+/// `fn` is `fn(cohort::context&, Config const&)` or `fn(cohort::context&)`; it may return a
+/// value (gathered from every rank into result::return_values; it must convert to JSON).
+template <class Fn, class... Policies>
+class trainer {
+  static_assert((detail::check_policy<Policies>::value && ...));
+
+ public:
+  using scaling_type = typename detail::pick<detail::is_scaling, scaling::cpu, Policies...>::type;
+  using sharding_type = typename detail::pick<detail::is_sharding, sharding::contiguous, Policies...>::type;
+  using checkpointing_type =
+      typename detail::pick<detail::is_checkpointing, checkpointing::keep_all, Policies...>::type;
+
+  explicit trainer(Fn fn, Policies... policies) : fn_(std::move(fn)), policies_(std::move(policies)...) {}
+
+  scaling_type const& scaling() const { return detail::get_or(policies_, default_scaling_); }
+  sharding_type const& sharding() const { return detail::get_or(policies_, default_sharding_); }
+  checkpointing_type const& checkpointing() const { return detail::get_or(policies_, default_checkpointing_); }
+
+  /// Runs the functor with an empty JSON config on every rank of MPI_COMM_WORLD.
+  auto fit() { return fit(nlohmann::json::object()); }
+
+  /// Runs the functor on every rank of MPI_COMM_WORLD (MPI is initialised if no
+  /// cohort::environment did it). See the communicator overload.
+  template <class Config>
+  auto fit(Config const& config, run_config const& run = {}) {
+    detail::ensure_mpi_for_program();
+    auto world = comm::mpi::world();
+    return fit(config, run, world);
+  }
+
+  /// Runs the functor on every rank of `comm`; every rank of `comm` must call fit() with it.
+  /// Rank 0's `config` is used on every rank (converted to JSON, broadcast, converted to the
+  /// functor's config type) and written to params.json. Bad input (worker count, config, storage
+  /// path) is reported on every rank in result::error; an exception thrown by the functor on
+  /// any rank fails the run on every rank, or aborts the job after run.abort_timeout_ms when the
+  /// other ranks are stuck in a collective the failed rank will not enter. Never hangs.
+  template <class Config, comm::communicator C>
+  auto fit(Config const& config, run_config const& run, C& comm) {
+    using param_type = detail::config_param_t<Fn, Config>;
+    constexpr bool takes_config = std::is_invocable_v<Fn&, context&, param_type const&>;
+    static_assert(takes_config || std::is_invocable_v<Fn&, context&>,
+                  "cohort::trainer: the functor must be callable as fn(cohort::context&, Config const&) "
+                  "or fn(cohort::context&)");
+    using return_type = decltype(invoke_fn(std::declval<context&>(), std::declval<param_type const&>()));
+    result<return_type> out;
+
+    comm::any control(comm.split(0, comm.rank()));
+    comm::any work(comm.split(0, comm.rank()));
+    int const rank = control.rank();
+
+    // Setup: every check here is agreed over `control`, so all ranks fail together.
+    std::optional<std::string> err = scaling().check(control.size());
+    std::optional<param_type> param;
+    std::string config_text;
+    if (!err) {
+      try {
+        config_text = nlohmann::json(config).dump();
+      } catch (std::exception const& e) {
+        err = std::string("config does not convert to JSON: ") + e.what() + ": check its to_json";
+      }
+    }
+    err = detail::agree(control, err);
+    std::string name;
+    if (!err) {
+      config_text = comm::broadcast_string(control, config_text);
+      try {
+        param.emplace(nlohmann::json::parse(config_text).template get<param_type>());
+      } catch (std::exception const& e) {
+        err = "config " + config_text + " does not parse into " + detail::type_name<param_type>() + ": " +
+              e.what() + ": fix the config's keys and types (or its from_json)";
+      }
+      name = comm::broadcast_string(control, run.name.empty() ? "cohort_" + detail::utc_stamp() : run.name);
+    }
+    err = detail::agree(control, err);
+    std::filesystem::path run_path = std::filesystem::path(run.storage_path) / name;
+    detail::report_state reports;
+    reports.name = name;
+    reports.verbose = run.verbose;
+    if (!err && rank == 0) {
+      try {
+        reports.dir.emplace(run_path, nlohmann::json::parse(config_text));
+      } catch (std::exception const& e) {
+        err = e.what();
+      }
+    }
+    if (!err) err = detail::agree(control, err);
+    out.path = run_path;
+    if (err) return fail(std::move(out), *err, rank);
+
+    auto topo = scaling::discover_topology(control, detail::host_name());
+    int threads = scaling().intra_op_threads(topo, scaling::node_cores());
+#if COHORT_WITH_TORCH
+    cohort::torch_glue::set_intra_op_threads(threads);
+#endif
+    auto shard = [policy = sharding()](std::size_t n, int w, int r, std::int64_t e) { return policy.indices(n, w, r, e); };
+    context ctx(topo, scaling().device_for(topo), threads, name, run_path, work, reports, shard);
+
+    // The functor. Any exception is held until every rank has finished.
+    std::optional<std::string> failure;
+    std::optional<std::conditional_t<std::is_void_v<return_type>, detail::no_return, return_type>> value;
+    try {
+      if constexpr (std::is_void_v<return_type>) {
+        invoke_fn(ctx, *param);
+        value.emplace();
+      } else {
+        value.emplace(invoke_fn(ctx, *param));
+      }
+    } catch (std::exception const& e) {
+      failure = e.what();
+    } catch (...) {
+      failure = "unknown exception";
+    }
+    // Completion: [failed, max reports, -min reports]; the failed rank waits at most
+    // abort_timeout_ms for the others, then aborts the job rather than hang.
+    std::int64_t status[3] = {failure ? 1 : 0, reports.count, -reports.count};
+    auto req = control.iallreduce(status, 3, comm::reduce_op::max);
+    if (failure) wait_or_abort(req, run.abort_timeout_ms, rank, *failure);
+    else req.wait();
+    if (status[0] != 0) {
+      auto e = detail::agree(control, failure);
+      return fail(std::move(out), *e, rank);
+    }
+    if (status[1] != -status[2])
+      return fail(std::move(out),
+                  "report() was called " + std::to_string(-status[2]) + " times on some rank and " +
+                      std::to_string(status[1]) +
+                      " on another: every rank must call report() the same number of times",
+                  rank);
+
+    // Results, identical on every rank.
+    auto history = comm::broadcast_string(control, rank == 0 ? nlohmann::json(reports.history).dump() : std::string{});
+    for (auto& row : nlohmann::json::parse(history)) out.metrics_history.push_back(std::move(row));
+    if (!out.metrics_history.empty()) out.metrics = out.metrics_history.back();
+    if constexpr (std::is_void_v<return_type>) {
+      out.return_values.resize(static_cast<std::size_t>(control.size()));
+    } else {
+      auto all = comm::allgather_strings(control, nlohmann::json(*value).dump());
+      for (auto const& s : all) out.return_values.push_back(nlohmann::json::parse(s).template get<return_type>());
+    }
+    return out;
+  }
+
+ private:
+  template <class P>
+  decltype(auto) invoke_fn(context& ctx, P const& p) {
+    if constexpr (std::is_invocable_v<Fn&, context&, P const&>) return fn_(ctx, p);
+    else return fn_(ctx);
+  }
+
+  template <class R>
+  static R fail(R out, std::string const& message, int rank) {
+    std::cerr << "[cohort] rank " << rank << ": error: " << message << std::endl;
+    out.error = message;
+    return out;
+  }
+
+  static void wait_or_abort(comm::any_request& req, int timeout_ms, int rank, std::string const& failure) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!req.test()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::cerr << "[cohort] rank " << rank << ": error: " << failure << "\n[cohort] rank " << rank
+                  << ": the other ranks did not finish within " << timeout_ms
+                  << " ms of this rank's error (they are likely blocked in a collective it will not enter): "
+                     "aborting the job"
+                  << std::endl;
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  Fn fn_;
+  std::tuple<Policies...> policies_;
+  static inline scaling_type const default_scaling_{};
+  static inline sharding_type const default_sharding_{};
+  static inline checkpointing_type const default_checkpointing_{};
+};
+
+}  // namespace cohort
