@@ -19,6 +19,6 @@ function(cohort_add_mpi_test name target)
                      $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS} ${arg_ARGS})
     set_tests_properties(${name}.${n}ranks PROPERTIES
       ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1"
-      PROCESSORS ${n} TIMEOUT 300 LABELS "mpi;${arg_LABELS}")
+      PROCESSORS ${n} TIMEOUT 180 LABELS "mpi;${arg_LABELS}")
   endforeach()
 endfunction()

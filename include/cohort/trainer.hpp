@@ -216,7 +216,7 @@ class trainer {
         err = e.what();
       }
     }
-    if (!err) err = detail::agree(control, err);
+    err = detail::agree(control, err);
     out.path = run_path;
     if (err) return fail(std::move(out), *err, rank);
 

@@ -94,8 +94,12 @@ class run_directory {
 
   std::string header() const {
     std::string s;
-    for (std::size_t i = 0; i < columns_.size(); ++i) s += (i ? "," : "") + csv_field(columns_[i]);
-    return s + "\n";
+    for (std::size_t i = 0; i < columns_.size(); ++i) {
+      if (i) s += ',';
+      s += csv_field(columns_[i]);
+    }
+    s += '\n';
+    return s;
   }
   std::string csv_row(flat_row const& r) const {
     std::string s;

@@ -224,12 +224,14 @@ class prepared_model {
   /// Every rank must use no_sync() for the same passes.
   [[nodiscard]] auto no_sync() const {
     struct guard {
-      detail::gradient_reducer* r;
-      bool before;
+      guard(detail::gradient_reducer* reducer, bool was) : r(reducer), before(was) {}
       guard(guard const&) = delete;
+      guard& operator=(guard const&) = delete;
       ~guard() {
         if (r) r->sync_enabled = before;
       }
+      detail::gradient_reducer* r;
+      bool before;
     };
     if (!reducer_) return guard{nullptr, true};
     bool before = reducer_->sync_enabled;

@@ -1,0 +1,127 @@
+// Fashion-MNIST with the reference CNN, data-parallel over MPI ranks:
+//   mpirun -np 2 ./fashion_mnist [--data DIR] [--epochs N] [--max-train N] [--storage DIR] [--name NAME]
+// Reports train loss and test accuracy each epoch; rank 0 prints the final metrics as one JSON line.
+
+#include <cohort/cohort.hpp>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "fashion_mnist_net.hpp"
+#include "idx_reader.hpp"
+
+struct config {
+  double lr = 0.05;
+  double momentum = 0.9;
+  int batch_size = 64;  // per rank
+  int epochs = 4;
+  std::int64_t max_train = 0;  // 0: all 60000 training images
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(config, lr, momentum, batch_size, epochs, max_train, data_dir)
+
+namespace {
+
+struct dataset {
+  torch::Tensor images;  // [N, 1, 28, 28] float, normalised
+  torch::Tensor labels;  // [N] int64
+};
+
+dataset load(std::string const& dir, std::string const& split) {
+  auto images = read_idx(std::filesystem::path(dir) / (split + "-images-idx3-ubyte.gz"));
+  auto labels = read_idx(std::filesystem::path(dir) / (split + "-labels-idx1-ubyte.gz"));
+  if (images.dims.size() != 3 || labels.dims.size() != 1 || images.dims[0] != labels.dims[0])
+    throw cohort::error("Fashion-MNIST files in " + dir + " do not match (" + split +
+                        "): expected N x 28 x 28 images and N labels");
+  auto n = images.dims[0];
+  auto x = torch::from_blob(images.data.data(), {n, 1, images.dims[1], images.dims[2]}, torch::kUInt8)
+               .to(torch::kFloat)
+               .div_(255.0)
+               .sub_(0.2860)
+               .div_(0.3530);
+  auto y = torch::from_blob(labels.data.data(), {n}, torch::kUInt8).to(torch::kLong);
+  return {x, y};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cohort::environment env{argc, argv};
+  config cfg;
+  if (char const* d = std::getenv("FASHION_MNIST_DIR")) cfg.data_dir = d;
+  cohort::run_config run{.name = "", .storage_path = "cohort_results"};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--data") cfg.data_dir = value;
+    else if (flag == "--epochs") cfg.epochs = std::stoi(value);
+    else if (flag == "--max-train") cfg.max_train = std::stoll(value);
+    else if (flag == "--storage") run.storage_path = value;
+    else if (flag == "--name") run.name = value;
+    else {
+      std::cerr << "unknown flag " << flag << ": use --data, --epochs, --max-train, --storage or --name\n";
+      return 2;
+    }
+  }
+
+  auto train = [](cohort::context& ctx, config const& cfg) {
+    torch::manual_seed(0);
+    auto train_set = load(cfg.data_dir, "train");
+    auto test_set = load(cfg.data_dir, "t10k");
+    auto n_train = cfg.max_train > 0 ? std::min(cfg.max_train, train_set.images.size(0)) : train_set.images.size(0);
+
+    auto model = ctx.prepare_model(fashion_net());
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(cfg.lr).momentum(cfg.momentum));
+
+    for (int epoch = 0; epoch < cfg.epochs; ++epoch) {
+      model->train();
+      auto idx = ctx.shard_indices(static_cast<std::size_t>(n_train), epoch);
+      auto order = torch::from_blob(idx.data(), {static_cast<std::int64_t>(idx.size())}, torch::kLong).clone();
+      double loss_sum = 0;
+      std::int64_t batches = 0;
+      for (std::int64_t b = 0; b + cfg.batch_size <= order.size(0); b += cfg.batch_size) {
+        auto rows = order.narrow(0, b, cfg.batch_size);
+        auto x = train_set.images.index_select(0, rows);
+        auto y = train_set.labels.index_select(0, rows);
+        opt.zero_grad();
+        auto loss = torch::cross_entropy_loss(model(x), y);
+        loss.backward();
+        opt.step();
+        loss_sum += loss.item<double>();
+        ++batches;
+      }
+      // Test accuracy: each rank scores its own slice of the test set; counts are summed.
+      model->eval();
+      torch::NoGradGuard no_grad;
+      auto n_test = test_set.images.size(0);
+      auto per = (n_test + ctx.world_size() - 1) / ctx.world_size();
+      auto lo = std::min<std::int64_t>(n_test, per * ctx.world_rank());
+      auto hi = std::min<std::int64_t>(n_test, lo + per);
+      std::int64_t counts[2] = {0, 0};  // correct, seen
+      for (auto b = lo; b < hi; b += 1000) {
+        auto len = std::min<std::int64_t>(1000, hi - b);
+        auto pred = model(test_set.images.narrow(0, b, len)).argmax(1);
+        counts[0] += pred.eq(test_set.labels.narrow(0, b, len)).sum().item<std::int64_t>();
+        counts[1] += len;
+      }
+      ctx.comm().allreduce(counts, 2, cohort::comm::reduce_op::sum);
+      double losses[2] = {loss_sum, static_cast<double>(batches)};
+      ctx.comm().allreduce(losses, 2, cohort::comm::reduce_op::sum);
+      ctx.report({{"epoch", epoch},
+                  {"train_loss", losses[0] / losses[1]},
+                  {"test_accuracy", static_cast<double>(counts[0]) / static_cast<double>(counts[1])}});
+    }
+  };
+
+  cohort::trainer trainer{train, cohort::scaling::cpu{.num_workers = 2}, cohort::sharding::shuffled{.seed = 42}};
+  auto result = trainer.fit(cfg, run);
+  if (!result.ok()) return 1;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    auto final_metrics = result.metrics;
+    final_metrics["run_path"] = result.path.string();
+    std::cout << final_metrics.dump() << std::endl;
+  }
+  return 0;
+}

@@ -1,0 +1,85 @@
+#include <cohort/comm/any.hpp>
+#include <cohort/comm/collectives.hpp>
+#include <cohort/comm/mpi.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../catch.hpp"
+
+using cohort::comm::reduce_op;
+
+TEST_CASE("mpi allreduce sums, maxes and mins over every rank", "[comm][mpi]") {
+  auto c = cohort::comm::mpi::world();
+  int const n = c.size(), r = c.rank();
+  std::vector<double> v{double(r), 1.0};
+  c.allreduce(v.data(), v.size(), reduce_op::sum);
+  CHECK(v[0] == Approx(n * (n - 1) / 2.0));
+  CHECK(v[1] == Approx(double(n)));
+  std::int64_t m[2] = {r, -r};
+  c.allreduce(m, 2, reduce_op::max);
+  CHECK(m[0] == n - 1);
+  CHECK(m[1] == 0);
+  std::int32_t lo = r + 5;
+  c.allreduce(&lo, 1, reduce_op::min);
+  CHECK(lo == 5);
+}
+
+TEST_CASE("mpi iallreduce completes after wait and test", "[comm][mpi]") {
+  auto c = cohort::comm::mpi::world();
+  std::vector<float> v(1000, 1.0f);
+  auto req = c.iallreduce(v.data(), v.size(), reduce_op::sum);
+  while (!req.test()) {
+  }
+  CHECK(v[999] == float(c.size()));
+  auto again = c.iallreduce(v.data(), v.size(), reduce_op::sum);
+  again.wait();
+  CHECK(v[0] == float(c.size() * c.size()));
+}
+
+TEST_CASE("mpi broadcast and allgather move bytes in rank order", "[comm][mpi]") {
+  auto c = cohort::comm::mpi::world();
+  std::int64_t x = c.rank() == 0 ? 42 : -1;
+  c.broadcast(reinterpret_cast<std::byte*>(&x), sizeof x, 0);
+  CHECK(x == 42);
+  auto all = cohort::comm::allgather_value(c, c.rank() * 10);
+  REQUIRE(all.size() == static_cast<std::size_t>(c.size()));
+  for (int r = 0; r < c.size(); ++r) CHECK(all[static_cast<std::size_t>(r)] == r * 10);
+}
+
+TEST_CASE("strings of different lengths are gathered and broadcast whole", "[comm][mpi]") {
+  auto c = cohort::comm::mpi::world();
+  auto all = cohort::comm::allgather_strings(c, std::string(static_cast<std::size_t>(c.rank()), 'x'));
+  for (int r = 0; r < c.size(); ++r) CHECK(all[static_cast<std::size_t>(r)] == std::string(static_cast<std::size_t>(r), 'x'));
+  CHECK(cohort::comm::broadcast_string(c, c.rank() == 0 ? "from zero" : "") == "from zero");
+}
+
+TEST_CASE("split groups ranks by color and orders them by key", "[comm][mpi]") {
+  auto c = cohort::comm::mpi::world();
+  auto half = c.split(c.rank() % 2, -c.rank());
+  int const expect = (c.size() - c.rank() % 2 + 1) / 2;
+  CHECK(half.size() == expect);
+  int sum = 1;
+  half.allreduce(&sum, 1, reduce_op::sum);
+  CHECK(sum == expect);
+  // key = -rank: the highest world rank of each color is rank 0 of its group
+  auto ranks = cohort::comm::allgather_value(half, c.rank());
+  for (std::size_t i = 1; i < ranks.size(); ++i) CHECK(ranks[i - 1] > ranks[i]);
+}
+
+TEST_CASE("any erases the communicator type and still reduces in place", "[comm][mpi]") {
+  auto world = cohort::comm::mpi::world();
+  auto ref = cohort::comm::any::ref(world);
+  auto owned = cohort::comm::any(world.split(0, world.rank()));
+  double v = 1.0;
+  owned.allreduce(&v, 1, reduce_op::sum);
+  CHECK(v == double(world.size()));
+  float f[3] = {1, 2, 3};
+  auto req = ref.iallreduce(f, 3, reduce_op::sum);
+  cohort::comm::any_request moved = std::move(req);
+  moved.wait();
+  CHECK(f[2] == 3.0f * float(world.size()));
+  auto sub = owned.split(world.rank() % 2, world.rank());
+  CHECK(sub.size() == (world.size() - world.rank() % 2 + 1) / 2);
+}

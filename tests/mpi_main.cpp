@@ -1,0 +1,24 @@
+// The main of every test executable: MPI up, Catch2's session on every rank, and a failure on
+// any rank fails the run on every rank. Ranks other than 0 report only failures.
+#define CATCH_CONFIG_RUNNER
+#include "catch.hpp"
+
+#include <mpi.h>
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Catch::Session session;
+  int rc = session.applyCommandLine(argc, argv);
+  if (rc == 0) {
+    if (rank != 0) session.configData().showSuccessfulTests = false;
+    rc = session.run();
+  }
+  int worst = rc;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rank == 0 && worst != rc) std::fprintf(stderr, "a test failed on another rank\n");
+  MPI_Finalize();
+  return worst == 0 ? 0 : 1;
+}

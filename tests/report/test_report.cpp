@@ -1,0 +1,56 @@
+#include <cohort/report/console.hpp>
+#include <cohort/report/flatten.hpp>
+#include <cohort/report/run_directory.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "../catch.hpp"
+#include "../support.hpp"
+
+namespace {
+std::string slurp(std::filesystem::path const& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+}  // namespace
+
+TEST_CASE("nested metrics flatten into a/b columns", "[report][pure]") {
+  nlohmann::json j = {{"loss", 1.5}, {"val", {{"acc", 0.9}, {"f1", {{"macro", 0.5}}}}}, {"tags", {1, 2}}};
+  auto flat = cohort::report::flatten(j);
+  REQUIRE(flat.size() == 4);
+  CHECK(flat[0].first == "loss");
+  CHECK(flat[1].first == "tags");
+  CHECK(flat[2].first == "val/acc");
+  CHECK(flat[3].first == "val/f1/macro");
+  CHECK(cohort::report::csv_field("a,b") == "\"a,b\"");
+  CHECK(cohort::report::csv_field("say \"hi\"") == "\"say \"\"hi\"\"\"");
+}
+
+TEST_CASE("the run directory holds params.json, result.json lines and a widening progress.csv", "[report][pure]") {
+  auto root = cohort_test::scratch("rundir") / std::to_string(cohort_test::world_rank());
+  cohort::report::run_directory dir(root / "run", {{"lr", 0.1}});
+  dir.append({{"loss", 1.0}, {"training_iteration", 1}});
+  dir.append({{"loss", 0.5}, {"training_iteration", 2}, {"val", {{"acc", 0.7}}}});
+  CHECK(nlohmann::json::parse(slurp(root / "run" / "params.json"))["lr"] == 0.1);
+  std::istringstream lines(slurp(root / "run" / "result.json"));
+  std::string a, b;
+  std::getline(lines, a);
+  std::getline(lines, b);
+  CHECK(nlohmann::json::parse(a)["loss"] == 1.0);
+  CHECK(nlohmann::json::parse(b)["val"]["acc"] == 0.7);
+  CHECK(slurp(root / "run" / "progress.csv") == "loss,training_iteration,val/acc\n1.0,1,\n0.5,2,0.7\n");
+  CHECK_FALSE(std::filesystem::exists(root / "run" / "params.json.tmp"));
+  // the results of an earlier run are never overwritten
+  CHECK_THROWS_WITH(cohort::report::run_directory(root / "run", {}),
+                    contains_text("already holds result.json"));
+  CHECK(slurp(root / "run" / "result.json").size() == a.size() + b.size() + 2);
+}
+
+TEST_CASE("the progress line shows the iteration, time and metrics", "[report][pure]") {
+  auto line = cohort::report::progress_line(
+      "run", {{"training_iteration", 3}, {"time_total_s", 12.34}, {"loss", 0.25}, {"timestamp", 1}});
+  CHECK(line == "[cohort] run iter 3 (12.3 s): loss=0.25");
+}

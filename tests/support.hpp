@@ -1,0 +1,34 @@
+#pragma once
+// Helpers shared by the tests.
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+namespace cohort_test {
+
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+inline int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+/// A fresh directory shared by all ranks: rank 0's pid and the world size name it.
+inline std::filesystem::path scratch(std::string const& what) {
+  long pid = static_cast<long>(getpid());
+  MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  auto p = std::filesystem::temp_directory_path() / "cohort_tests" /
+           (what + "_" + std::to_string(pid) + "_" + std::to_string(world_size()));
+  if (world_rank() == 0) std::filesystem::remove_all(p);
+  MPI_Barrier(MPI_COMM_WORLD);
+  return p;
+}
+
+}  // namespace cohort_test

@@ -1,0 +1,184 @@
+#include <cohort/trainer.hpp>
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "catch.hpp"
+#include "support.hpp"
+
+namespace {
+
+struct config {
+  double lr = 0.1;
+  int epochs = 3;
+  std::string tag = "x";
+  friend bool operator==(config const&, config const&) = default;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(config, lr, epochs, tag)
+
+std::vector<std::string> lines_of(std::filesystem::path const& p) {
+  std::ifstream in(p);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+cohort::run_config quiet(std::filesystem::path const& storage, std::string name = "run") {
+  return {.name = std::move(name), .storage_path = storage.string(), .verbose = 0, .abort_timeout_ms = 30'000};
+}
+
+}  // namespace
+
+TEST_CASE("fit returns the last metrics, the history and every rank's return value", "[trainer][mpi]") {
+  auto storage = cohort_test::scratch("fit");
+  cohort::trainer t{[](cohort::context& ctx, config const& cfg) {
+    for (int e = 0; e < cfg.epochs; ++e) ctx.report({{"epoch", e}, {"rank", ctx.world_rank()}});
+    return ctx.world_rank() * 2;
+  }};
+  auto r = t.fit(config{}, quiet(storage));
+  REQUIRE(r.ok());
+  REQUIRE(r.metrics_history.size() == 3);
+  CHECK(r.metrics["epoch"] == 2);
+  CHECK(r.metrics["rank"] == 0);  // rank 0's metrics are the ones recorded
+  CHECK(r.path == storage / "run");
+  REQUIRE(r.return_values.size() == static_cast<std::size_t>(cohort_test::world_size()));
+  for (int k = 0; k < cohort_test::world_size(); ++k) CHECK(r.return_values[static_cast<std::size_t>(k)] == 2 * k);
+}
+
+TEST_CASE("reports carry Ray's auto-filled keys into result.json and progress.csv", "[trainer][mpi]") {
+  auto storage = cohort_test::scratch("report");
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+             ctx.report({{"loss", 1.0}});
+             ctx.report({{"loss", 0.5}, {"val", {{"acc", 0.8}}}});
+           }}.fit(nlohmann::json{{"a", 1}}, quiet(storage));
+  REQUIRE(r.ok());
+  CHECK(r.metrics_history[0]["training_iteration"] == 1);
+  CHECK(r.metrics["training_iteration"] == 2);
+  CHECK(r.metrics["time_total_s"].get<double>() >= r.metrics_history[0]["time_total_s"].get<double>());
+  CHECK(r.metrics.contains("time_this_iter_s"));
+  CHECK(r.metrics["timestamp"].get<std::int64_t>() > 1'600'000'000);
+  if (cohort_test::world_rank() == 0) {
+    auto rows = lines_of(r.path / "result.json");
+    REQUIRE(rows.size() == 2);
+    CHECK(nlohmann::json::parse(rows[1]) == r.metrics);
+    auto csv = lines_of(r.path / "progress.csv");
+    REQUIRE(csv.size() == 3);
+    CHECK(csv[0] == "loss,time_this_iter_s,time_total_s,timestamp,training_iteration,val/acc");
+    CHECK(nlohmann::json::parse(lines_of(r.path / "params.json")[0] + lines_of(r.path / "params.json")[1] +
+                                lines_of(r.path / "params.json")[2]) == nlohmann::json{{"a", 1}});
+  }
+}
+
+TEST_CASE("the config round-trips through JSON and rank 0's is used everywhere", "[trainer][mpi]") {
+  auto storage = cohort_test::scratch("config");
+  config mine{.lr = 0.5 + cohort_test::world_rank(), .epochs = 7, .tag = "rank" + std::to_string(cohort_test::world_rank())};
+  auto r = cohort::trainer{[](cohort::context&, config const& c) { return c; }}.fit(mine, quiet(storage));
+  REQUIRE(r.ok());
+  for (auto const& got : r.return_values) CHECK(got == config{.lr = 0.5, .epochs = 7, .tag = "rank0"});
+  // a plain JSON config converts into the functor's type
+  auto j = cohort::trainer{[](cohort::context&, config const& c) { return c.epochs; }}.fit(
+      nlohmann::json{{"lr", 1.0}, {"epochs", 9}, {"tag", "t"}}, quiet(storage, "json"));
+  REQUIRE(j.ok());
+  CHECK(j.return_values.front() == 9);
+}
+
+TEST_CASE("a config that does not parse is an error on every rank", "[trainer][mpi][bad-input]") {
+  auto storage = cohort_test::scratch("badconfig");
+  bool ran = false;
+  auto r = cohort::trainer{[&](cohort::context&, config const&) { ran = true; }}.fit(
+      nlohmann::json{{"lr", "fast"}}, quiet(storage));
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(*r.error, contains_text("does not parse into"));
+  CHECK_FALSE(ran);
+  CHECK_FALSE(std::filesystem::exists(storage / "run" / "params.json"));
+}
+
+TEST_CASE("a wrong worker count is an error on every rank", "[trainer][mpi][bad-input]") {
+  auto storage = cohort_test::scratch("workers");
+  int const n = cohort_test::world_size();
+  auto r = cohort::trainer{[](cohort::context&) {}, cohort::scaling::cpu{.num_workers = n + 1}}.fit(
+      nlohmann::json::object(), quiet(storage));
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(*r.error, contains_text("mpirun -np " + std::to_string(n + 1)));
+}
+
+TEST_CASE("an unwritable storage path is an error on every rank", "[trainer][mpi][bad-input]") {
+  auto storage = cohort_test::scratch("unwritable");
+  if (cohort_test::world_rank() == 0) {
+    std::filesystem::create_directories(storage);
+    std::ofstream(storage / "file") << "not a directory";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto r = cohort::trainer{[](cohort::context&) {}}.fit(nlohmann::json::object(), quiet(storage / "file"));
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(*r.error, contains_text("cannot create run directory"));
+  CHECK_THAT(*r.error, contains_text("storage_path"));
+}
+
+TEST_CASE("an exception on one rank fails the run on every rank", "[trainer][mpi]") {
+  auto storage = cohort_test::scratch("throw");
+  int const last = cohort_test::world_size() - 1;
+  auto r = cohort::trainer{[&](cohort::context& ctx) {
+             if (ctx.world_rank() == last) throw std::runtime_error("boom on the last rank");
+             ctx.report({{"ok", 1}});
+           }}.fit(nlohmann::json::object(), quiet(storage));
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(*r.error, contains_text("boom on the last rank"));
+  CHECK(r.return_values.empty());
+}
+
+TEST_CASE("unequal report counts fail on every rank", "[trainer][mpi]") {
+  if (cohort_test::world_size() == 1) return;  // needs two ranks to differ
+  auto storage = cohort_test::scratch("counts");
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+             ctx.report({{"a", 1}});
+             if (ctx.world_rank() == 0) ctx.report({{"a", 2}});
+           }}.fit(nlohmann::json::object(), quiet(storage));
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(*r.error, contains_text("same number of times"));
+}
+
+TEST_CASE("the context places every rank and shards by the policy", "[trainer][mpi]") {
+  auto storage = cohort_test::scratch("context");
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+                             auto idx = ctx.shard_indices(10, 0);
+                             return nlohmann::json{{"rank", ctx.world_rank()},
+                                                   {"size", ctx.world_size()},
+                                                   {"local", ctx.local_rank()},
+                                                   {"local_size", ctx.local_world_size()},
+                                                   {"node", ctx.node_rank()},
+                                                   {"name", ctx.experiment_name()},
+                                                   {"device", ctx.device().str()},
+                                                   {"first", idx.front()},
+                                                   {"count", idx.size()}};
+                           },
+                           cohort::sharding::contiguous{}}
+               .fit(nlohmann::json::object(), quiet(storage, "ctx"));
+  REQUIRE(r.ok());
+  int const n = cohort_test::world_size();
+  std::size_t per = (10 + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n);
+  for (int k = 0; k < n; ++k) {
+    auto const& v = r.return_values[static_cast<std::size_t>(k)];
+    CHECK(v["rank"] == k);
+    CHECK(v["size"] == n);
+    CHECK(v["local"] == k);  // one host in the tests
+    CHECK(v["local_size"] == n);
+    CHECK(v["node"] == 0);
+    CHECK(v["name"] == "ctx");
+    CHECK(v["device"] == "cpu");
+    CHECK(v["count"] == per);
+    CHECK(v["first"] == (static_cast<std::size_t>(k) * per) % 10);
+  }
+}
+
+TEST_CASE("a trainer runs on a split communicator", "[trainer][mpi]") {
+  auto storage = cohort_test::scratch("split");
+  auto world = cohort::comm::mpi::world();
+  auto group = world.split(world.rank() % 2, world.rank());
+  auto r = cohort::trainer{[](cohort::context& ctx) { return ctx.world_size(); }}.fit(
+      nlohmann::json::object(), quiet(storage, "group" + std::to_string(world.rank() % 2)), group);
+  REQUIRE(r.ok());
+  CHECK(r.return_values.size() == static_cast<std::size_t>(group.size()));
+  CHECK(r.return_values.front() == group.size());
+}

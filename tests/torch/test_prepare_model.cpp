@@ -1,0 +1,151 @@
+// prepare_model over MPI: broadcast, layout check, bucketed gradient averaging, no_sync, and the
+// synchronous data-parallel equivalence with one process and an N-times larger batch.
+#include <cohort/cohort.hpp>
+
+#include "../catch.hpp"
+#include "../support.hpp"
+
+namespace {
+
+struct mlpImpl : torch::nn::Module {
+  explicit mlpImpl(int hidden = 8)
+      : l1(register_module("l1", torch::nn::Linear(4, hidden))),
+        l2(register_module("l2", torch::nn::Linear(hidden, hidden))),
+        l3(register_module("l3", torch::nn::Linear(hidden, 1))),
+        unused(register_module("unused", torch::nn::Linear(2, 2))) {}
+  torch::Tensor forward(torch::Tensor x) { return l3(torch::tanh(l2(torch::tanh(l1(x))))); }
+  torch::nn::Linear l1, l2, l3, unused;
+};
+TORCH_MODULE(mlp);
+
+cohort::run_config quiet(std::string const& what) {
+  return {.name = "run", .storage_path = cohort_test::scratch(what).string(), .verbose = 0, .abort_timeout_ms = 30'000};
+}
+
+/// Samples of step s: rows [s*B, (s+1)*B) of a fixed data set, B = the global batch.
+torch::Tensor inputs(std::int64_t rows) {
+  return torch::linspace(-2, 2, rows * 4, torch::kFloat).reshape({rows, 4}).sin();
+}
+torch::Tensor targets(torch::Tensor const& x) { return (x.sum(1, true) * 0.7).cos(); }
+
+std::vector<torch::Tensor> flat_params(torch::nn::Module const& m) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : m.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+/// Relative tolerance check, element-wise: |a - b| <= rtol * max(|a|, |b|) + 1e-7.
+bool close(std::vector<torch::Tensor> const& a, std::vector<torch::Tensor> const& b, double rtol) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    auto tol = rtol * torch::max(a[i].abs(), b[i].abs()) + 1e-7;
+    if (!((a[i] - b[i]).abs() <= tol).all().item<bool>()) return false;
+  }
+  return true;
+}
+
+constexpr std::int64_t per_rank_batch = 5;
+constexpr int steps = 6;
+
+/// One process, global batch N*b: the reference.
+std::vector<torch::Tensor> reference(int world, bool accumulate) {
+  torch::manual_seed(3);
+  mlp model;
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto const global = per_rank_batch * world;
+  auto x = inputs(global * steps), y = targets(x);
+  for (int s = 0; s < steps; ++s) {
+    auto xs = x.narrow(0, s * global, global), ys = y.narrow(0, s * global, global);
+    opt.zero_grad();
+    if (accumulate) {  // two micro-batches, each half of the mean
+      auto half = global / 2;
+      (torch::mse_loss(model(xs.narrow(0, 0, half)), ys.narrow(0, 0, half)) * half / global).backward();
+      (torch::mse_loss(model(xs.narrow(0, half, global - half)), ys.narrow(0, half, global - half)) *
+       (global - half) / global)
+          .backward();
+    } else {
+      torch::mse_loss(model(xs), ys).backward();
+    }
+    opt.step();
+  }
+  return flat_params(*model);
+}
+
+/// Trains `steps` steps on this rank's part of each global batch and returns whether the final
+/// parameters match the one-process reference with the global batch, plus the bucket count.
+nlohmann::json train_and_compare(cohort::context& ctx, bool accumulate) {
+  auto expected = reference(ctx.world_size(), accumulate);
+  torch::manual_seed(ctx.world_rank() == 0 ? 3 : 100 + ctx.world_rank());  // the broadcast must fix other ranks
+  auto model = ctx.prepare_model(mlp(), {.bucket_cap_bytes = 160, .first_bucket_cap_bytes = 40});
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto const global = per_rank_batch * ctx.world_size();
+  auto x = inputs(global * steps), y = targets(x);
+  for (int s = 0; s < steps; ++s) {
+    auto lo = s * global + ctx.world_rank() * per_rank_batch;
+    auto xs = x.narrow(0, lo, per_rank_batch), ys = y.narrow(0, lo, per_rank_batch);
+    opt.zero_grad();
+    if (accumulate) {  // the same micro-batches per rank: 2 then 3 samples, the first without sync
+      {
+        auto guard = model.no_sync();
+        (torch::mse_loss(model(xs.narrow(0, 0, 2)), ys.narrow(0, 0, 2)) * 2 / per_rank_batch).backward();
+      }
+      (torch::mse_loss(model(xs.narrow(0, 2, 3)), ys.narrow(0, 2, 3)) * 3 / per_rank_batch).backward();
+    } else {
+      torch::mse_loss(model(xs), ys).backward();
+    }
+    opt.step();
+  }
+  return {{"close", close(flat_params(*model), expected, 1e-5)}, {"buckets", model.num_buckets()}};
+}
+
+}  // namespace
+
+TEST_CASE("data-parallel equivalence: N ranks with batch b match one process with batch N*b", "[torch][equivalence][mpi]") {
+  auto r = cohort::trainer{[](cohort::context& ctx) { return train_and_compare(ctx, false); }}.fit(
+      nlohmann::json::object(), quiet("equivalence"));
+  REQUIRE(r.ok());
+  for (auto const& v : r.return_values) {
+    CHECK(v["close"] == true);
+    if (cohort_test::world_size() > 1) CHECK(v["buckets"].get<int>() > 3);  // several buckets in flight
+  }
+}
+
+TEST_CASE("equivalence holds with gradient accumulation under no_sync", "[torch][equivalence][mpi]") {
+  auto r = cohort::trainer{[](cohort::context& ctx) { return train_and_compare(ctx, true); }}.fit(
+      nlohmann::json::object(), quiet("accumulate"));
+  REQUIRE(r.ok());
+  for (auto const& v : r.return_values) CHECK(v["close"] == true);
+}
+
+TEST_CASE("prepare_model broadcasts parameters and buffers from rank 0", "[torch][mpi]") {
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+             torch::manual_seed(ctx.world_rank());
+             auto bn = torch::nn::BatchNorm1d(3);
+             bn->running_mean.fill_(static_cast<float>(ctx.world_rank() + 1));
+             auto model = ctx.prepare_model(bn);
+             double sum = 0;
+             for (auto& p : model->parameters()) sum += p.sum().item<double>();
+             return nlohmann::json{{"mean", model->running_mean[0].item<double>()}, {"sum", sum}};
+           }}.fit(nlohmann::json::object(), quiet("broadcast"));
+  REQUIRE(r.ok());
+  for (auto const& v : r.return_values) {
+    CHECK(v["mean"] == 1.0);
+    CHECK(v["sum"] == r.return_values.front()["sum"]);
+  }
+}
+
+TEST_CASE("a model layout that differs on one rank is an error on every rank, not a hang", "[torch][mpi][bad-input]") {
+  int const odd = cohort_test::world_size() - 1;
+  auto r = cohort::trainer{[&](cohort::context& ctx) {
+             auto model = ctx.prepare_model(mlp(ctx.world_rank() == odd && odd > 0 ? 9 : 8));
+             torch::mse_loss(model(inputs(2)), targets(inputs(2))).backward();
+           }}.fit(nlohmann::json::object(), quiet("layout"));
+  if (cohort_test::world_size() == 1) {
+    CHECK(r.ok());
+    return;
+  }
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(*r.error, contains_text("model layout differs"));
+  CHECK_THAT(*r.error, contains_text("on rank " + std::to_string(odd)));
+  CHECK_THAT(*r.error, contains_text("'l1.weight' [9, 4]"));
+}
