@@ -282,7 +282,8 @@ class trainer {
 
   template <class R>
   static R fail(R out, std::string const& message, int rank) {
-    std::cerr << "[cohort] rank " << rank << ": error: " << message << std::endl;
+    // One write per line, so that lines from different ranks do not interleave.
+    std::cerr << ("[cohort] rank " + std::to_string(rank) + ": error: " + message + "\n") << std::flush;
     out.error = message;
     return out;
   }
@@ -291,11 +292,11 @@ class trainer {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (!req.test()) {
       if (std::chrono::steady_clock::now() > deadline) {
-        std::cerr << "[cohort] rank " << rank << ": error: " << failure << "\n[cohort] rank " << rank
-                  << ": the other ranks did not finish within " << timeout_ms
-                  << " ms of this rank's error (they are likely blocked in a collective it will not enter): "
-                     "aborting the job"
-                  << std::endl;
+        std::cerr << ("[cohort] rank " + std::to_string(rank) + ": error: " + failure + "\n[cohort] rank " +
+                      std::to_string(rank) + ": the other ranks did not finish within " + std::to_string(timeout_ms) +
+                      " ms of this rank's error (they are likely blocked in a collective it will not enter): "
+                      "aborting the job\n")
+                  << std::flush;
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
