@@ -6,6 +6,9 @@
 
 #include <torch/torch.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -60,41 +63,60 @@ inline void broadcast_tensor(comm::any& c, torch::Tensor& t) {
   if (!host.is_same(t)) t.copy_(host);
 }
 
-/// Averages gradients over a communicator during backward. Invariant across ranks: buckets are
-/// planned identically (same layout, checked) and their all-reduces are started in bucket
-/// order, whatever order the gradients become ready in, so every rank enters the same
-/// collectives in the same order.
+/// Averages gradients over a communicator during backward, as PyTorch DDP's reducer does with
+/// gradient_as_bucket_view: each parameter's .grad aliases its slot in a flat bucket buffer, so
+/// autograd accumulates straight into the bucket and nothing is copied on the way in or out.
+/// A hook after each parameter's gradient accumulation marks it ready; a bucket's non-blocking
+/// all-reduce starts once all its gradients are ready; an engine callback at the end of backward
+/// awaits them and divides by the world size.
+/// Invariant across ranks: buckets are planned identically (same layout, checked) and their
+/// all-reduces are started in bucket order, whatever order the gradients become ready in, so
+/// every rank enters the same collectives in the same order.
 class gradient_reducer {
  public:
   gradient_reducer(comm::any& c, std::vector<torch::Tensor> params, model_options const& options)
       : comm_(c), params_(std::move(params)) {
+    torch::NoGradGuard no_grad;
     std::vector<tensor_spec> specs;
     for (auto const& p : params_) specs.push_back({p.nbytes(), static_cast<int>(p.scalar_type())});
     auto plan = plan_buckets(specs, options);
     slot_of_.resize(params_.size());
+    aliases_.resize(params_.size());
     for (std::size_t b = 0; b < plan.size(); ++b) {
       bucket bk;
       std::int64_t numel = 0;
       for (auto i : plan[b].tensors) {
-        slot_of_[i] = {b, numel};
+        slot_of_[i] = b;
         numel += params_[i].numel();
       }
-      bk.params = plan[b].tensors;
-      bk.flat = torch::zeros({numel}, params_[plan[b].tensors.front()].options().requires_grad(false));
-      auto st = bk.flat.scalar_type();
+      auto const& first = params_[plan[b].tensors.front()];
+      auto st = first.scalar_type();
       if (st != torch::kFloat && st != torch::kDouble)
         throw cohort::error(std::string("prepare_model: gradients of dtype ") + std::string(c10::toString(st)) +
                             " are not supported by the MPI backend: use float32 or float64 parameters");
+      bk.params = plan[b].tensors;
+      bk.flat = torch::zeros({numel}, first.options().requires_grad(false));
+      std::int64_t offset = 0;
+      for (auto i : plan[b].tensors) {
+        // set_ (not narrow): a plain tensor sharing the bucket's storage, so that optimizers may
+        // detach_() it as they do any .grad (a view would refuse).
+        aliases_[i] = torch::empty({0}, bk.flat.options()).set_(bk.flat.storage(), offset, params_[i].sizes());
+        offset += params_[i].numel();
+      }
       buckets_.push_back(std::move(bk));
     }
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      bind(i);
+      auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+      hook_keys_.push_back(acc->add_post_hook(std::make_unique<ready_hook>(this, i)));
+      accumulators_.push_back(std::move(acc));
+    }
     seen_.assign(params_.size(), false);
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      hooks_.push_back(params_[i].register_hook([this, i](torch::Tensor const& grad) { on_grad(i, grad); }));
   }
   gradient_reducer(gradient_reducer const&) = delete;
   gradient_reducer& operator=(gradient_reducer const&) = delete;
   ~gradient_reducer() {
-    for (std::size_t i = 0; i < params_.size(); ++i) params_[i].remove_hook(hooks_[i]);
+    for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
   }
 
   std::size_t num_buckets() const { return buckets_.size(); }
@@ -105,31 +127,43 @@ class gradient_reducer {
     std::vector<std::size_t> params;
     torch::Tensor flat;
     std::size_t pending = 0;
-    bool launched = false;
     comm::any_request request;
   };
-  struct slot {
-    std::size_t bucket = 0;
-    std::int64_t offset = 0;
+
+  /// Runs after autograd has accumulated a parameter's gradient.
+  struct ready_hook final : torch::autograd::FunctionPostHook {
+    ready_hook(gradient_reducer* r, std::size_t i) : reducer(r), index(i) {}
+    torch::autograd::variable_list operator()(torch::autograd::variable_list const& outputs,
+                                              torch::autograd::variable_list const&) override {
+      reducer->on_ready(index);
+      return outputs;
+    }
+    gradient_reducer* reducer;
+    std::size_t index;
   };
 
-  torch::Tensor view_of(std::size_t i) {
-    auto const& s = slot_of_[i];
-    return buckets_[s.bucket].flat.narrow(0, s.offset, params_[i].numel());
+  bool bound(std::size_t i) const {
+    auto const& g = params_[i].grad();
+    return g.defined() && g.data_ptr() == aliases_[i].data_ptr();
   }
 
-  void on_grad(std::size_t i, torch::Tensor const& grad) {
+  /// Makes .grad the bucket slot again, keeping its value (zero when there is none), after
+  /// zero_grad(set_to_none) or anything else replaced it. One copy, only in that case.
+  void bind(std::size_t i) {
+    if (bound(i)) return;
+    auto& g = params_[i].mutable_grad();
+    if (g.defined()) aliases_[i].copy_(g);
+    else aliases_[i].zero_();
+    g = aliases_[i];
+  }
+
+  void on_ready(std::size_t i) {
     if (!sync_enabled) return;
     if (!in_pass_) begin_pass();
     torch::NoGradGuard no_grad;
-    auto v = view_of(i);
-    v.copy_(grad.reshape({-1}));
-    // DDP semantics: what is all-reduced is the gradient .grad will hold (locally accumulated
-    // gradients from no_sync() passes plus this one).
-    if (params_[i].grad().defined()) v.add_(params_[i].grad().reshape({-1}));
+    bind(i);
     seen_[i] = true;
-    auto& b = buckets_[slot_of_[i].bucket];
-    if (--b.pending == 0) launch_ready();
+    if (--buckets_[slot_of_[i]].pending == 0) launch_ready();
     for (std::size_t k = 0; k < next_; ++k) buckets_[k].request.test();  // drive MPI progress
   }
 
@@ -137,38 +171,29 @@ class gradient_reducer {
     in_pass_ = true;
     next_ = 0;
     std::fill(seen_.begin(), seen_.end(), false);
-    for (auto& b : buckets_) {
-      b.pending = b.params.size();
-      b.launched = false;
-    }
+    for (auto& b : buckets_) b.pending = b.params.size();
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_pass(); });
   }
 
   void launch_ready() {
-    while (next_ < buckets_.size() && buckets_[next_].pending == 0) launch(next_++);
+    while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
+      auto& bk = buckets_[next_++];
+      auto n = static_cast<std::size_t>(bk.flat.numel());
+      if (bk.flat.scalar_type() == torch::kFloat)
+        bk.request = comm_.iallreduce(bk.flat.data_ptr<float>(), n, comm::reduce_op::sum);
+      else
+        bk.request = comm_.iallreduce(bk.flat.data_ptr<double>(), n, comm::reduce_op::sum);
+    }
   }
 
-  void launch(std::size_t b) {
-    auto& bk = buckets_[b];
-    if (bk.flat.scalar_type() == torch::kFloat)
-      bk.request = comm_.iallreduce(bk.flat.data_ptr<float>(), static_cast<std::size_t>(bk.flat.numel()), comm::reduce_op::sum);
-    else
-      bk.request = comm_.iallreduce(bk.flat.data_ptr<double>(), static_cast<std::size_t>(bk.flat.numel()), comm::reduce_op::sum);
-    bk.launched = true;
-  }
-
-  /// Runs at the end of backward (an engine callback): buckets with parameters that got no
-  /// gradient this pass are filled from .grad (or zeros) and launched, all reduces are awaited,
-  /// averaged, and written to .grad.
+  /// The end of backward: parameters that got no gradient this pass (unused in the forward)
+  /// contribute what their .grad holds (zero when none), the remaining buckets are launched, and
+  /// every all-reduce is awaited and divided by the world size, in place in .grad.
   void finish_pass() {
     torch::NoGradGuard no_grad;
     for (std::size_t b = next_; b < buckets_.size(); ++b) {
       for (auto i : buckets_[b].params)
-        if (!seen_[i]) {
-          auto v = view_of(i);
-          if (params_[i].grad().defined()) v.copy_(params_[i].grad().reshape({-1}));
-          else v.zero_();
-        }
+        if (!seen_[i]) bind(i);
       buckets_[b].pending = 0;
     }
     launch_ready();
@@ -177,21 +202,17 @@ class gradient_reducer {
       bk.request.wait();
       bk.flat.mul_(scale);
     }
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      auto v = view_of(i).view(params_[i].sizes());
-      auto& g = params_[i].mutable_grad();
-      if (g.defined()) g.copy_(v);
-      else g = v.clone();
-    }
     in_pass_ = false;
   }
 
   comm::any& comm_;
   std::vector<torch::Tensor> params_;
-  std::vector<slot> slot_of_;
+  std::vector<torch::Tensor> aliases_;  ///< per parameter: its slot in its bucket's flat buffer
+  std::vector<std::size_t> slot_of_;    ///< per parameter: its bucket
   std::vector<bucket> buckets_;
   std::vector<bool> seen_;
-  std::vector<unsigned> hooks_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  ///< kept alive: a Variable holds them weakly
+  std::vector<std::uintptr_t> hook_keys_;
   std::size_t next_ = 0;
   bool in_pass_ = false;
 };
