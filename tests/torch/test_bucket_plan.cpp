@@ -42,3 +42,12 @@ TEST_CASE("dtypes never share a bucket and every tensor is planned once", "[torc
   auto defaults = plan_buckets(t, {});
   CHECK(defaults.size() == 3);  // 25 MiB holds all of one dtype
 }
+
+TEST_CASE("a communication thread is used only when every local rank has a spare core", "[torch][bucket][pure]") {
+  using cohort::reduce_on;
+  CHECK_FALSE(cohort::use_communication_thread(reduce_on::automatic, 2, 2));
+  CHECK(cohort::use_communication_thread(reduce_on::automatic, 16, 4));
+  CHECK_FALSE(cohort::use_communication_thread(reduce_on::automatic, 7, 4));
+  CHECK(cohort::use_communication_thread(reduce_on::communication_thread, 1, 4));
+  CHECK_FALSE(cohort::use_communication_thread(reduce_on::training_thread, 64, 1));
+}

@@ -73,10 +73,11 @@ std::vector<torch::Tensor> reference(int world, bool accumulate) {
 
 /// Trains `steps` steps on this rank's part of each global batch and returns whether the final
 /// parameters match the one-process reference with the global batch, plus the bucket count.
-nlohmann::json train_and_compare(cohort::context& ctx, bool accumulate, bool set_to_none = false) {
+nlohmann::json train_and_compare(cohort::context& ctx, bool accumulate, bool set_to_none = false,
+                                 cohort::reduce_on where = cohort::reduce_on::automatic) {
   auto expected = reference(ctx.world_size(), accumulate);
   torch::manual_seed(ctx.world_rank() == 0 ? 3 : 100 + ctx.world_rank());  // the broadcast must fix other ranks
-  auto model = ctx.prepare_model(mlp(), {.bucket_cap_bytes = 160, .first_bucket_cap_bytes = 40});
+  auto model = ctx.prepare_model(mlp(), {.bucket_cap_bytes = 160, .first_bucket_cap_bytes = 40, .reduce_on = where});
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   auto const global = per_rank_batch * ctx.world_size();
   auto x = inputs(global * steps), y = targets(x);
@@ -110,6 +111,15 @@ TEST_CASE("data-parallel equivalence: N ranks with batch b match one process wit
   for (auto const& v : r.return_values) {
     CHECK(v["close"] == true);
     if (cohort_test::world_size() > 1) CHECK(v["buckets"].get<int>() > 3);  // several buckets in flight
+  }
+}
+
+TEST_CASE("equivalence holds with buckets reduced on a communication thread or the training thread", "[torch][equivalence][mpi]") {
+  for (auto where : {cohort::reduce_on::communication_thread, cohort::reduce_on::training_thread}) {
+    auto r = cohort::trainer{[&](cohort::context& ctx) { return train_and_compare(ctx, where == cohort::reduce_on::training_thread, false, where); }}
+                 .fit(nlohmann::json::object(), quiet("threads"));
+    REQUIRE(r.ok());
+    for (auto const& v : r.return_values) CHECK(v["close"] == true);
   }
 }
 

@@ -6,6 +6,13 @@
 
 namespace cohort {
 
+/// Where gradient buckets are all-reduced.
+enum class reduce_on {
+  automatic,             ///< a thread when each local rank has at least 2 cores (use_communication_thread)
+  communication_thread,  ///< a thread per prepared model: all-reduces overlap the rest of backward
+  training_thread,       ///< the training thread, as each bucket becomes ready (blocking)
+};
+
 /// Knobs of `ctx.prepare_model(model, {...})`.
 struct model_options {
   /// Largest gradient bucket; each bucket is one all-reduce. 25 MiB, PyTorch DDP's default.
@@ -13,6 +20,17 @@ struct model_options {
   /// Cap of the first bucket (the last layers' gradients, ready first), small so that
   /// communication starts early in backward. 1 MiB, DDP's kDefaultFirstBucketBytes.
   std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
+  /// Where buckets are reduced. `automatic` chose best in bench/gradient_sync on a 2-core host
+  /// with 2 ranks (docs/benchmarks.md): there the thread competes with backward for the cores and
+  /// MPI's busy-polling, and reducing on the training thread was faster at every size.
+  cohort::reduce_on reduce_on = cohort::reduce_on::automatic;
 };
+
+/// Pure: whether buckets are reduced on a communication thread, given the knob, the node's cores
+/// and the ranks on the node. `automatic` uses one only when every local rank has a spare core.
+inline bool use_communication_thread(reduce_on knob, int node_cores, int local_world_size) {
+  if (knob != reduce_on::automatic) return knob == reduce_on::communication_thread;
+  return node_cores >= 2 * (local_world_size > 0 ? local_world_size : 1);
+}
 
 }  // namespace cohort

@@ -4,13 +4,18 @@
 /// averaging during backward in size-capped buckets whose all-reduces start as soon as their last
 /// gradient is ready (PyTorch DDP's reducer, over any cohort communicator).
 
+#include <mpi.h>
 #include <torch/torch.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <condition_variable>
 #include <cstddef>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <cstdint>
 #include <memory>
 #include <sstream>
@@ -21,6 +26,7 @@
 #include "cohort/comm/collectives.hpp"
 #include "cohort/context.hpp"
 #include "cohort/error.hpp"
+#include "cohort/scaling/cpu.hpp"
 #include "cohort/torch/bucket_plan.hpp"
 #include "cohort/torch/device.hpp"
 
@@ -66,15 +72,21 @@ inline void broadcast_tensor(comm::any& c, torch::Tensor& t) {
 /// Averages gradients over a communicator during backward, as PyTorch DDP's reducer does with
 /// gradient_as_bucket_view: each parameter's .grad aliases its slot in a flat bucket buffer, so
 /// autograd accumulates straight into the bucket and nothing is copied on the way in or out.
-/// A hook after each parameter's gradient accumulation marks it ready; a bucket's non-blocking
-/// all-reduce starts once all its gradients are ready; an engine callback at the end of backward
-/// awaits them and divides by the world size.
+/// A hook after each parameter's gradient accumulation marks it ready; once all of a bucket's
+/// gradients are ready its all-reduce is handed to the reducer's communication thread (non-blocking
+/// for the training thread; MPI's blocking all-reduce is its fastest algorithm, and a thread of its
+/// own overlaps it with the rest of backward; see use_communication_thread for when it is used,
+/// otherwise the bucket is reduced right there on the training thread); an engine callback at the end of backward awaits
+/// the buckets in order and divides each by the world size while later ones are still in flight.
+/// MPI is called from one thread at a time (MPI_THREAD_SERIALIZED): the training thread makes no
+/// MPI call between the first hook of a backward pass and the end of that pass. When MPI was
+/// initialised below MPI_THREAD_SERIALIZED, buckets are reduced on the training thread instead.
 /// Invariant across ranks: buckets are planned identically (same layout, checked) and their
 /// all-reduces are started in bucket order, whatever order the gradients become ready in, so
 /// every rank enters the same collectives in the same order.
 class gradient_reducer {
  public:
-  gradient_reducer(comm::any& c, std::vector<torch::Tensor> params, model_options const& options)
+  gradient_reducer(comm::any& c, std::vector<torch::Tensor> params, model_options const& options, bool use_thread)
       : comm_(c), params_(std::move(params)) {
     torch::NoGradGuard no_grad;
     std::vector<tensor_spec> specs;
@@ -105,6 +117,10 @@ class gradient_reducer {
       }
       buckets_.push_back(std::move(bk));
     }
+    done_.assign(buckets_.size(), 0);
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    if (level >= MPI_THREAD_SERIALIZED && use_thread) worker_ = std::thread([this] { work(); });
     for (std::size_t i = 0; i < params_.size(); ++i) {
       bind(i);
       auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
@@ -117,6 +133,14 @@ class gradient_reducer {
   gradient_reducer& operator=(gradient_reducer const&) = delete;
   ~gradient_reducer() {
     for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+    if (worker_.joinable()) {
+      {
+        std::lock_guard lock(mutex_);
+        stop_ = true;
+      }
+      wake_.notify_all();
+      worker_.join();
+    }
   }
 
   std::size_t num_buckets() const { return buckets_.size(); }
@@ -127,7 +151,6 @@ class gradient_reducer {
     std::vector<std::size_t> params;
     torch::Tensor flat;
     std::size_t pending = 0;
-    comm::any_request request;
   };
 
   /// Runs after autograd has accumulated a parameter's gradient.
@@ -164,7 +187,6 @@ class gradient_reducer {
     bind(i);
     seen_[i] = true;
     if (--buckets_[slot_of_[i]].pending == 0) launch_ready();
-    for (std::size_t k = 0; k < next_; ++k) buckets_[k].request.test();  // drive MPI progress
   }
 
   void begin_pass() {
@@ -172,17 +194,64 @@ class gradient_reducer {
     next_ = 0;
     std::fill(seen_.begin(), seen_.end(), false);
     for (auto& b : buckets_) b.pending = b.params.size();
+    {
+      std::lock_guard lock(mutex_);
+      std::fill(done_.begin(), done_.end(), 0);
+    }
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_pass(); });
   }
 
   void launch_ready() {
     while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
-      auto& bk = buckets_[next_++];
-      auto n = static_cast<std::size_t>(bk.flat.numel());
-      if (bk.flat.scalar_type() == torch::kFloat)
-        bk.request = comm_.iallreduce(bk.flat.data_ptr<float>(), n, comm::reduce_op::sum);
-      else
-        bk.request = comm_.iallreduce(bk.flat.data_ptr<double>(), n, comm::reduce_op::sum);
+      auto b = next_++;
+      // The last bucket has nothing left to overlap with: once the thread has finished the
+      // earlier ones (collective order), reduce it here and save the hand-off.
+      if (!worker_.joinable() || b + 1 == buckets_.size()) {
+        if (worker_.joinable()) {
+          std::unique_lock lock(mutex_);
+          wake_.wait(lock, [&] { return queue_.empty() && !busy_; });
+        }
+        reduce(b);
+        std::lock_guard lock(mutex_);
+        done_[b] = 1;
+        continue;
+      }
+      {
+        std::lock_guard lock(mutex_);
+        queue_.push_back(b);
+      }
+      wake_.notify_all();
+    }
+  }
+
+  void reduce(std::size_t b) {
+    auto& flat = buckets_[b].flat;
+    auto n = static_cast<std::size_t>(flat.numel());
+    if (flat.scalar_type() == torch::kFloat) comm_.allreduce(flat.data_ptr<float>(), n, comm::reduce_op::sum);
+    else comm_.allreduce(flat.data_ptr<double>(), n, comm::reduce_op::sum);
+  }
+
+  /// The communication thread: reduces buckets in the order they were queued.
+  void work() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_
+      auto b = queue_.front();
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      std::string err;
+      try {
+        reduce(b);
+      } catch (std::exception const& e) {
+        err = e.what();
+      }
+      lock.lock();
+      if (!err.empty() && error_.empty()) error_ = err;
+      done_[b] = 1;
+      busy_ = false;
+      wake_.notify_all();
     }
   }
 
@@ -198,9 +267,13 @@ class gradient_reducer {
     }
     launch_ready();
     double const scale = 1.0 / static_cast<double>(comm_.size());
-    for (auto& bk : buckets_) {
-      bk.request.wait();
-      bk.flat.mul_(scale);
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return done_[b] != 0; });
+        if (!error_.empty()) throw cohort::error("gradient all-reduce failed: " + error_);
+      }
+      buckets_[b].flat.mul_(scale);  // while later buckets are still being reduced
     }
     in_pass_ = false;
   }
@@ -215,6 +288,15 @@ class gradient_reducer {
   std::vector<std::uintptr_t> hook_keys_;
   std::size_t next_ = 0;
   bool in_pass_ = false;
+  // Communication thread state, guarded by mutex_.
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::size_t> queue_;
+  std::vector<char> done_;  ///< per bucket: reduced in this pass
+  std::string error_;
+  bool stop_ = false;
+  bool busy_ = false;  ///< the thread is reducing a bucket
+  std::thread worker_;
 };
 
 }  // namespace detail
@@ -300,7 +382,8 @@ prepared_model<Module> prepare_model_for(context& ctx, Module module, model_opti
     std::vector<torch::Tensor> params;
     for (auto& p : m.parameters())
       if (p.requires_grad()) params.push_back(p);
-    if (!params.empty()) reducer = std::make_shared<detail::gradient_reducer>(c, std::move(params), options);
+    bool thread = use_communication_thread(options.reduce_on, scaling::node_cores(), ctx.local_world_size());
+    if (!params.empty()) reducer = std::make_shared<detail::gradient_reducer>(c, std::move(params), options, thread);
   }
   return prepared_model<Module>(std::move(module), std::move(reducer));
 }

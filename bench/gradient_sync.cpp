@@ -1,0 +1,94 @@
+// Gradient synchronisation through prepare_model vs a raw MPI_Allreduce of the same bytes.
+//   mpirun -np 2 ./bench_gradient_sync [google-benchmark flags]
+// For each size S (1 KiB .. 256 MiB of float32 gradients, in tensors of at most 1 MiB like layers):
+//   raw_allreduce/S     one MPI_Allreduce (in place) of S bytes            (the baseline)
+//   local_backward/S    backward of sum(p) over the parameters, no sync
+//   cohort_backward/S   the same backward through ctx.prepare_model (hooks, buckets, all-reduce)
+// Sync cost = cohort_backward - local_backward; throughput ratio = raw_allreduce / sync cost.
+#include <cohort/cohort.hpp>
+
+#include <cstdio>
+
+#include "mpi_bench.hpp"
+
+namespace {
+
+cohort::context* g_ctx = nullptr;
+constexpr std::int64_t max_tensor_bytes = 1 << 20;
+
+struct blob : torch::nn::Module {
+  explicit blob(std::int64_t bytes) {
+    std::int64_t left = bytes / 4, k = 0;
+    while (left > 0) {
+      auto n = std::min(left, max_tensor_bytes / 4);
+      params.push_back(register_parameter("p" + std::to_string(k++), torch::ones({n})));
+      left -= n;
+    }
+  }
+  torch::Tensor loss() {
+    auto l = params.front().sum();
+    for (std::size_t i = 1; i < params.size(); ++i) l = l + params[i].sum();
+    return l;
+  }
+  std::vector<torch::Tensor> params;
+};
+
+std::int64_t iterations_for(std::int64_t bytes) { return std::clamp<std::int64_t>((64ll << 20) / bytes, 5, 2000); }
+
+void raw_allreduce(benchmark::State& state) {
+  std::vector<float> buf(static_cast<std::size_t>(state.range(0) / 4), 1.0f);
+  for (auto _ : state)
+    cohort_bench::timed_iteration(state, [&] {
+      MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    });
+  state.SetBytesProcessed(state.iterations() * state.range(0));
+}
+
+void backward(benchmark::State& state, bool through_cohort) {
+  auto model = std::make_shared<blob>(state.range(0));
+  std::optional<cohort::prepared_model<std::shared_ptr<blob>>> prepared;
+  if (through_cohort) prepared.emplace(g_ctx->prepare_model(model));
+  for (auto _ : state) {
+    model->zero_grad();  // in place, as LibTorch 1.13's optimizers do
+    cohort_bench::timed_iteration(state, [&] { model->loss().backward(); });
+  }
+  state.SetBytesProcessed(state.iterations() * state.range(0));
+}
+
+void local_backward(benchmark::State& state) { backward(state, false); }
+void cohort_backward(benchmark::State& state) { backward(state, true); }
+
+void register_all() {
+  for (auto* fn : {&raw_allreduce, &local_backward, &cohort_backward}) {
+    char const* name = fn == &raw_allreduce ? "raw_allreduce" : fn == &local_backward ? "local_backward" : "cohort_backward";
+    for (std::int64_t bytes = 1 << 10; bytes <= (256ll << 20); bytes *= 4)
+      benchmark::RegisterBenchmark(name, fn)
+          ->Arg(bytes)
+          ->Iterations(iterations_for(bytes))
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cohort::environment env{argc, argv};
+  benchmark::Initialize(&argc, argv);
+  register_all();
+  cohort::trainer{[](cohort::context& ctx) {
+    g_ctx = &ctx;
+    auto t = cohort_bench::run_all();
+    if (ctx.world_rank() != 0) return;
+    std::printf("\n| gradient bytes | raw MPI_Allreduce (us) | cohort sync (us) | cohort / raw throughput |\n");
+    std::printf("|---:|---:|---:|---:|\n");
+    for (std::int64_t bytes = 1 << 10; bytes <= (256ll << 20); bytes *= 4) {
+      auto key = [&](char const* n) { return std::string(n) + "/" + std::to_string(bytes) + "/iterations:" +
+                                              std::to_string(iterations_for(bytes)) + "/manual_time"; };
+      double raw = t[key("raw_allreduce")], sync = t[key("cohort_backward")] - t[key("local_backward")];
+      std::printf("| %lld | %.1f | %.1f | %.2f |\n", static_cast<long long>(bytes), raw * 1e6, sync * 1e6,
+                  sync > 0 ? raw / sync : 0.0);
+    }
+  }}.fit(nlohmann::json::object(), {.name = "", .storage_path = "/tmp/cohort_bench", .verbose = 0});
+  return 0;
+}

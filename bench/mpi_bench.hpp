@@ -1,0 +1,61 @@
+#pragma once
+// Google Benchmark under MPI: every rank runs every benchmark with fixed iteration counts (so all
+// ranks enter the same collectives); each iteration's time is the maximum over ranks (MPI_MAX) and
+// only rank 0 reports. Rank 0 also keeps each benchmark's mean time for the ratio summaries.
+
+#include <benchmark/benchmark.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace cohort_bench {
+
+/// Times `body` once on every rank, after a barrier; records the slowest rank's time.
+template <class Body>
+void timed_iteration(benchmark::State& state, Body&& body) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto t0 = std::chrono::steady_clock::now();
+  body();
+  double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double slowest = 0;
+  MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  state.SetIterationTime(slowest);
+}
+
+/// Rank 0's reporter: the console output plus each run's mean seconds per iteration.
+class recording_reporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(std::vector<Run> const& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (auto const& r : runs)
+      if (r.run_type == Run::RT_Iteration && r.iterations > 0)
+        seconds[r.benchmark_name()] = r.real_accumulated_time / static_cast<double>(r.iterations);
+  }
+  std::map<std::string, double> seconds;
+};
+
+/// Other ranks: nothing printed.
+class silent_reporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(Context const&) override { return true; }
+  void ReportRuns(std::vector<Run> const&) override {}
+};
+
+/// Runs the registered benchmarks on every rank; rank 0's mean seconds per benchmark name.
+inline std::map<std::string, double> run_all() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    recording_reporter rep;
+    benchmark::RunSpecifiedBenchmarks(&rep);
+    return rep.seconds;
+  }
+  silent_reporter rep;
+  benchmark::RunSpecifiedBenchmarks(&rep);
+  return {};
+}
+
+}  // namespace cohort_bench
