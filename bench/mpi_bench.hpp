@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -31,10 +32,14 @@ class recording_reporter : public benchmark::ConsoleReporter {
   void ReportRuns(std::vector<Run> const& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (auto const& r : runs)
-      if (r.run_type == Run::RT_Iteration && r.iterations > 0)
-        seconds[r.benchmark_name()] = r.real_accumulated_time / static_cast<double>(r.iterations);
+      if (r.run_type == Run::RT_Iteration && r.iterations > 0) {
+        double s = r.real_accumulated_time / static_cast<double>(r.iterations);
+        seconds[r.benchmark_name()] = s;
+        if (on_run) on_run(r.benchmark_name(), s);
+      }
   }
-  std::map<std::string, double> seconds;
+  std::map<std::string, double> seconds;                       ///< last run of each name
+  std::function<void(std::string const&, double)> on_run;      ///< every run, in order
 };
 
 /// Other ranks: nothing printed.
