@@ -72,12 +72,13 @@ class any_request {
   vtable const* vt_ = nullptr;
 };
 
-/// A type-erased communicator. `any(c)` takes ownership of `c`; `any::ref(c)` refers to `c`,
-/// which must outlive it. Splits are owned.
+/// A type-erased communicator. `any(std::move(c))` takes ownership of `c` (an lvalue is refused,
+/// so nothing is moved from by accident); `any::ref(c)` refers to `c`, which must outlive it.
+/// Splits are owned.
 class any {
  public:
   template <communicator C>
-    requires(!std::same_as<std::remove_cvref_t<C>, any>)
+    requires(!std::same_as<std::remove_cvref_t<C>, any> && !std::is_lvalue_reference_v<C>)
   explicit any(C&& c) : impl_(std::make_unique<model<std::remove_cvref_t<C>, std::remove_cvref_t<C>>>(std::move(c))) {}
 
   /// A non-owning view of `c`.
