@@ -41,6 +41,7 @@ concept checkpointing_policy = std::copyable<P> && requires(P const& p, std::spa
 
 static_assert(scaling_policy<scaling::cpu>);
 static_assert(sharding_policy<sharding::contiguous>);
+static_assert(sharding_policy<sharding::interleaved>);
 static_assert(sharding_policy<sharding::shuffled>);
 static_assert(checkpointing_policy<checkpointing::keep_all>);
 static_assert(checkpointing_policy<checkpointing::keep_last>);

@@ -27,6 +27,7 @@ TEST_CASE("shards have equal counts, cover with pad and are disjoint with drop",
     for (std::size_t size = 0; size <= 3 * static_cast<std::size_t>(world) + 1; ++size)
       for (auto rem : {remainder::pad, remainder::drop}) {
         check_invariants(contiguous{.on_remainder = rem}, size, world, 0);
+        check_invariants(interleaved{.on_remainder = rem}, size, world, 0);
         check_invariants(shuffled{.seed = 7, .on_remainder = rem}, size, world, 3);
       }
 }
@@ -37,4 +38,6 @@ TEST_CASE("shuffled shards are deterministic and change from epoch to epoch", "[
   CHECK(p.indices(100, 3, 1, 0) != p.indices(100, 3, 1, 1));
   CHECK(p.indices(100, 3, 1, 0) != shuffled{.seed = 43}.indices(100, 3, 1, 0));
   CHECK(contiguous{}.indices(10, 3, 1, 0) == std::vector<std::size_t>{4, 5, 6, 7});
+  CHECK(interleaved{}.indices(10, 3, 1, 0) == std::vector<std::size_t>{1, 4, 7, 0});
+  CHECK(interleaved{.on_remainder = remainder::drop}.indices(10, 3, 2, 0) == std::vector<std::size_t>{2, 5, 8});
 }

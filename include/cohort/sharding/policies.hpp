@@ -51,6 +51,18 @@ struct contiguous {
   }
 };
 
+/// Rank r gets indices r, r + world, r + 2 world, ... (torch's DistributedSampler with
+/// shuffle=False), the same every epoch.
+struct interleaved {
+  remainder on_remainder = remainder::pad;
+
+  std::vector<std::size_t> indices(std::size_t size, int world, int rank, std::int64_t /*epoch*/) const {
+    std::vector<std::size_t> order(size);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    return detail::take_block(order, detail::per_rank_count(size, world, on_remainder), rank, true, world);
+  }
+};
+
 /// One permutation per epoch, drawn from (seed, epoch) and identical on every rank, then dealt
 /// out round-robin (as torch's DistributedSampler does with shuffle=True).
 struct shuffled {
