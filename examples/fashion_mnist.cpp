@@ -3,13 +3,13 @@
 // Reports train loss and test accuracy each epoch; rank 0 prints the final metrics as one JSON line.
 
 #include <cohort/cohort.hpp>
+#include <cohort/data/idx.hpp>
 
 #include <cstdlib>
 #include <iostream>
 #include <string>
 
 #include "fashion_mnist_net.hpp"
-#include "idx_reader.hpp"
 
 struct config {
   double lr = 0.05;
@@ -29,8 +29,8 @@ struct dataset {
 };
 
 dataset load(std::string const& dir, std::string const& split) {
-  auto images = read_idx(std::filesystem::path(dir) / (split + "-images-idx3-ubyte.gz"));
-  auto labels = read_idx(std::filesystem::path(dir) / (split + "-labels-idx1-ubyte.gz"));
+  auto images = cohort::data::read_idx(std::filesystem::path(dir) / (split + "-images-idx3-ubyte.gz"));
+  auto labels = cohort::data::read_idx(std::filesystem::path(dir) / (split + "-labels-idx1-ubyte.gz"));
   if (images.dims.size() != 3 || labels.dims.size() != 1 || images.dims[0] != labels.dims[0])
     throw cohort::error("Fashion-MNIST files in " + dir + " do not match (" + split +
                         "): expected N x 28 x 28 images and N labels");
