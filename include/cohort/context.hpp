@@ -6,7 +6,10 @@
 #include <chrono>
 #include <cstdint>
 #include <ctime>
+#include <any>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -21,6 +24,8 @@
 #include "cohort/report/run_directory.hpp"
 #include "cohort/scaling/device.hpp"
 #include "cohort/scaling/topology.hpp"
+#include "cohort/sharding/datasets.hpp"
+#include "cohort/sharding/loader_options.hpp"
 #include "cohort/torch/model_options.hpp"
 
 namespace cohort {
@@ -64,9 +69,10 @@ class context {
   /// Built by the trainer.
   context(scaling::topology topo, cohort::device dev, int threads, std::string name, std::filesystem::path run_path,
           comm::any& work, detail::report_state& reports,
-          std::function<std::vector<std::size_t>(std::size_t, int, int, std::int64_t)> shard)
+          std::function<std::vector<std::size_t>(std::size_t, int, int, std::int64_t)> shard,
+          cohort::datasets const* data = nullptr, std::uint64_t sharding_seed = 0)
       : topo_(topo), device_(dev), threads_(threads), name_(std::move(name)), run_path_(std::move(run_path)),
-        comm_(work), reports_(reports), shard_(std::move(shard)) {}
+        comm_(work), reports_(reports), shard_(std::move(shard)), datasets_(data), sharding_seed_(sharding_seed) {}
   context(context const&) = delete;
   context& operator=(context const&) = delete;
 
@@ -96,6 +102,33 @@ class context {
     return shard_(dataset_size, topo_.world_size, topo_.world_rank, epoch);
   }
 
+  /// This rank's loader of the trainer's dataset `name` (a cohort::tensor_dataset given through
+  /// cohort::datasets): sharded by the trainer's policy, batched, prefetched, on this rank's
+  /// device. The same loader on every call, so `for (auto& b : ctx.dataset_shard("train").epoch())`
+  /// runs epoch after epoch. Needs LibTorch (cohort/torch/data_loader.hpp). No communication.
+  template <class Options = loader_options>
+  auto& dataset_shard(std::string const& name, Options const& options = {}) {
+    return dataset_shard_for(*this, name, options);  // found by ADL in torch/
+  }
+
+  /// The seed of the trainer's sharding policy (0 when it has none).
+  std::uint64_t sharding_seed() const { return sharding_seed_; }
+  /// The trainer's dataset `name`, or nullptr.
+  std::any const* dataset(std::string const& name) const {
+    if (!datasets_) return nullptr;
+    auto it = datasets_->items.find(name);
+    return it == datasets_->items.end() ? nullptr : &it->second;
+  }
+  /// The names of the trainer's datasets, for messages ("no datasets" when none).
+  std::string dataset_names() const {
+    std::string s;
+    if (datasets_)
+      for (auto const& [k, v] : datasets_->items) s += (s.empty() ? "'" : ", '") + k + "'";
+    return s.empty() ? std::string("no datasets") : s;
+  }
+  /// Storage for the loader of dataset `name` (used by dataset_shard).
+  std::shared_ptr<void>& loader_slot(std::string const& name) { return loaders_[name]; }
+
   /// Broadcasts `model`'s parameters and buffers from rank 0, checks that every rank holds the
   /// same layout, and averages gradients over the ranks during backward (bucketed,
   /// non-blocking all-reduces). Needs LibTorch: include cohort/torch/prepare_model.hpp (the
@@ -114,6 +147,9 @@ class context {
   comm::any& comm_;
   detail::report_state& reports_;
   std::function<std::vector<std::size_t>(std::size_t, int, int, std::int64_t)> shard_;
+  cohort::datasets const* datasets_;
+  std::uint64_t sharding_seed_;
+  std::map<std::string, std::shared_ptr<void>> loaders_;
 };
 
 }  // namespace cohort

@@ -8,6 +8,10 @@ class context;
 struct run_config;
 struct device;
 struct model_options;
+struct loader_options;
+struct loader_state;
+struct datasets;
+struct tensor_dataset;
 template <class Return>
 struct result;
 template <class Fn, class... Policies>

@@ -47,7 +47,7 @@ inline constexpr int policy_axes = int(scaling_policy<P>) + int(sharding_policy<
 /// Instantiated once per policy argument so that the error names the offending type.
 template <class P>
 struct check_policy {
-  static_assert(policy_axes<P> >= 1,
+  static_assert(policy_axes<P> >= 1 || std::is_same_v<P, cohort::datasets>,
                 "cohort::trainer: this argument is not a policy: it must satisfy cohort::scaling_policy, "
                 "cohort::sharding_policy or cohort::checkpointing_policy (see cohort/concepts.hpp)");
   static_assert(policy_axes<P> <= 1, "cohort::trainer: this policy satisfies more than one policy concept");
@@ -129,7 +129,8 @@ inline std::string host_name() {
 
 /// A data-parallel trainer: `fn` run on every rank of a communicator, composed with up to one
 /// policy per axis, in any order: scaling (default scaling::cpu{}), sharding (default
-/// sharding::contiguous{}), checkpointing (default checkpointing::keep_all{}).
+/// sharding::contiguous{}), checkpointing (default checkpointing::keep_all{}); and optionally the
+/// named cohort::datasets that `ctx.dataset_shard(name)` reads.
 ///
 /// `fn` is `fn(cohort::context&, Config const&)` or `fn(cohort::context&)`; it may return a
 /// value (gathered from every rank into result::return_values; it must convert to JSON).
@@ -226,7 +227,11 @@ class trainer {
     cohort::torch_glue::set_intra_op_threads(threads);
 #endif
     auto shard = [policy = sharding()](std::size_t n, int w, int r, std::int64_t e) { return policy.indices(n, w, r, e); };
-    context ctx(topo, scaling().device_for(topo), threads, name, run_path, work, reports, shard);
+    std::uint64_t seed = 0;
+    if constexpr (requires(sharding_type const& p) { p.seed; }) seed = static_cast<std::uint64_t>(sharding().seed);
+    static cohort::datasets const no_datasets{};
+    context ctx(topo, scaling().device_for(topo), threads, name, run_path, work, reports, shard,
+                &detail::get_or(policies_, no_datasets), seed);
 
     // The functor. Any exception is held until every rank has finished.
     std::optional<std::string> failure;

@@ -1,0 +1,299 @@
+#pragma once
+/// \file
+/// Sharded, prefetching data loading for LibTorch: this rank's shard of a dataset, batched into
+/// tensors, produced by a background thread into a bounded queue, with a resumable position.
+
+#include <torch/torch.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/context.hpp"
+#include "cohort/error.hpp"
+#include "cohort/sharding/datasets.hpp"
+#include "cohort/sharding/loader_options.hpp"
+#include "cohort/scaling/device.hpp"
+#include "cohort/torch/device.hpp"
+
+namespace cohort {
+
+/// Samples as tensors: row i of `inputs` and of `targets` is sample i.
+struct tensor_dataset {
+  torch::Tensor inputs;
+  torch::Tensor targets;
+  std::size_t size() const { return inputs.defined() ? static_cast<std::size_t>(inputs.size(0)) : 0; }
+};
+
+/// One batch.
+struct batch {
+  torch::Tensor inputs;
+  torch::Tensor targets;
+};
+
+/// Where a loader's batches come from: a dataset of `size()` samples and a way to gather a batch
+/// of sample indices into tensors.
+template <class S>
+concept batch_source = requires(S const& s, std::vector<std::size_t> const& idx) {
+  { s.size() } -> std::convertible_to<std::size_t>;
+  { gather(s, idx) } -> std::same_as<batch>;
+};
+
+/// Gathers rows `idx` of a tensor dataset (one index_select per tensor).
+inline batch gather(tensor_dataset const& d, std::vector<std::size_t> const& idx) {
+  auto rows = torch::empty({static_cast<std::int64_t>(idx.size())}, torch::kLong);
+  auto* p = rows.data_ptr<std::int64_t>();
+  for (std::size_t k = 0; k < idx.size(); ++k) p[k] = static_cast<std::int64_t>(idx[k]);
+  return {d.inputs.index_select(0, rows), d.targets.index_select(0, rows)};
+}
+
+/// This rank's shard of a dataset, iterated one epoch at a time:
+/// `for (auto& b : loader.epoch()) ...` runs the next epoch from the saved position, and the
+/// epoch advances when it has been run to the end (no set_epoch to forget). Every rank gets the
+/// same number of batches per epoch (the sharding policies guarantee equal shard sizes).
+template <batch_source Source>
+class data_loader {
+ public:
+  /// `indices(n, epoch)` is this rank's sample indices of an n-sample dataset in `epoch`.
+  data_loader(Source source, std::function<std::vector<std::size_t>(std::size_t, std::int64_t)> indices,
+              loader_options options, cohort::device dev = {}, std::uint64_t seed = 0)
+      : source_(std::move(source)), indices_(std::move(indices)), options_(options), device_(dev) {
+    state_.seed = seed;
+    if (options_.batch_size <= 0)
+      throw cohort::error("loader batch_size " + std::to_string(options_.batch_size) + " must be positive");
+    auto per_rank = static_cast<std::int64_t>(indices_(source_.size(), 0).size());
+    if (options_.drop_last && options_.batch_size > per_rank)
+      throw cohort::error("batch_size " + std::to_string(options_.batch_size) + " is larger than this rank's shard of " +
+                          std::to_string(per_rank) + " samples (dataset of " + std::to_string(source_.size()) +
+                          "): lower batch_size or set drop_last = false");
+  }
+
+  /// Batches per epoch on every rank.
+  std::int64_t batches_per_epoch() const {
+    auto n = static_cast<std::int64_t>(indices_(source_.size(), state_.epoch).size());
+    return options_.drop_last ? n / options_.batch_size : (n + options_.batch_size - 1) / options_.batch_size;
+  }
+
+  /// The position of the next batch.
+  loader_state state() const { return state_; }
+
+  /// Continues from `s` (saved by state()). Throws cohort::error when `s` was saved under
+  /// another shuffling seed (the sample order would differ).
+  void restore(loader_state const& s) {
+    if (s.seed != state_.seed)
+      throw cohort::error("loader state was saved with sharding seed " + std::to_string(s.seed) +
+                          " but this run shards with seed " + std::to_string(state_.seed) +
+                          ": resume with the same sharding policy");
+    state_ = s;
+  }
+
+  class epoch_range;
+  /// The rest of the current epoch (from state().position), as an input range of batches.
+  epoch_range epoch() { return epoch_range(*this); }
+
+  /// An input range over one epoch; the prefetch thread runs while it is being iterated and is
+  /// stopped when the range is destroyed (also after a `break`).
+  class epoch_range {
+   public:
+    explicit epoch_range(data_loader& l) : loader_(&l) {}
+    epoch_range(epoch_range const&) = delete;
+    epoch_range& operator=(epoch_range const&) = delete;
+    ~epoch_range() { stop(); }
+
+    struct sentinel {};
+    class iterator {
+     public:
+      using value_type = cohort::batch;
+      using difference_type = std::ptrdiff_t;
+      explicit iterator(epoch_range* r) : r_(r) { r_->advance(); }
+      cohort::batch& operator*() const { return *r_->current_; }
+      cohort::batch* operator->() const { return &*r_->current_; }
+      iterator& operator++() {
+        r_->advance();
+        return *this;
+      }
+      void operator++(int) { r_->advance(); }
+      bool done() const { return !r_->current_; }
+      friend bool operator==(iterator const& it, sentinel) { return it.done(); }
+
+     private:
+      epoch_range* r_;
+    };
+    iterator begin() {
+      start();
+      return iterator(this);
+    }
+    sentinel end() const { return {}; }
+
+   private:
+    friend class iterator;
+
+    void start() {
+      auto& l = *loader_;
+      order_ = l.indices_(l.source_.size(), l.state_.epoch);
+      total_ = l.batches_per_epoch();
+      next_make_ = l.state_.position;
+      if (l.options_.prefetch_batches > 0) producer_ = std::thread([this] { produce(); });
+    }
+
+    cohort::batch make(std::int64_t b) const {
+      auto& l = *loader_;
+      auto lo = static_cast<std::size_t>(b * l.options_.batch_size);
+      auto hi = std::min(order_.size(), lo + static_cast<std::size_t>(l.options_.batch_size));
+      auto out = gather(l.source_, std::vector<std::size_t>(order_.begin() + static_cast<std::ptrdiff_t>(lo),
+                                                             order_.begin() + static_cast<std::ptrdiff_t>(hi)));
+      if (l.device_.kind == device_kind::cuda) {  // pinned host memory, then an asynchronous copy
+        out.inputs = out.inputs.pin_memory();
+        out.targets = out.targets.pin_memory();
+      }
+      return out;
+    }
+
+    void produce() {
+      for (std::int64_t b = next_make_; b < total_; ++b) {
+        std::string err;
+        std::optional<cohort::batch> made;
+        try {
+          made = make(b);
+        } catch (std::exception const& e) {
+          err = e.what();
+        }
+        std::unique_lock lock(mutex_);
+        space_.wait(lock, [&] { return stop_ || queue_.size() < loader_->options_.prefetch_batches; });
+        if (stop_) return;
+        if (!err.empty()) {
+          error_ = err;
+          ready_.notify_all();
+          return;
+        }
+        queue_.push_back(std::move(*made));
+        ready_.notify_all();
+      }
+    }
+
+    void advance() {
+      auto& l = *loader_;
+      current_.reset();
+      if (l.state_.position >= total_) {
+        l.state_.epoch += 1;
+        l.state_.position = 0;
+        return;
+      }
+      if (producer_.joinable()) {
+        std::unique_lock lock(mutex_);
+        ready_.wait(lock, [&] { return !queue_.empty() || !error_.empty(); });
+        if (queue_.empty()) throw cohort::error("data loader: " + error_);
+        current_ = std::move(queue_.front());
+        queue_.pop_front();
+        space_.notify_all();
+      } else {
+        current_ = make(l.state_.position);
+      }
+      ++l.state_.position;  // handed out: a state saved while it is in use resumes after it
+      if (l.device_.kind == device_kind::cuda) {
+        current_->inputs = current_->inputs.to(to_torch(l.device_), /*non_blocking=*/true);
+        current_->targets = current_->targets.to(to_torch(l.device_), /*non_blocking=*/true);
+      }
+    }
+
+    void stop() {
+      if (!producer_.joinable()) return;
+      {
+        std::lock_guard lock(mutex_);
+        stop_ = true;
+      }
+      space_.notify_all();
+      producer_.join();
+    }
+
+    data_loader* loader_;
+    std::vector<std::size_t> order_;
+    std::int64_t total_ = 0;
+    std::int64_t next_make_ = 0;
+    std::optional<cohort::batch> current_;
+    std::thread producer_;
+    std::mutex mutex_;
+    std::condition_variable ready_, space_;
+    std::deque<cohort::batch> queue_;
+    std::string error_;
+    bool stop_ = false;
+  };
+
+ private:
+  Source source_;
+  std::function<std::vector<std::size_t>(std::size_t, std::int64_t)> indices_;
+  loader_options options_;
+  cohort::device device_;
+  loader_state state_;
+};
+
+/// A torch::data dataset (anything with `get(index)` returning an Example and `size()`) as a
+/// batch source; examples are stacked into batch tensors. Pass the dataset before any batch
+/// transform such as Stack: cohort batches it.
+template <class Dataset>
+struct torch_data_source {
+  std::shared_ptr<Dataset> dataset;
+  std::size_t size() const {
+    auto n = dataset->size();
+    if (!n) throw cohort::error("prepare_data_loader: the dataset has no size(): cohort shards only sized datasets");
+    return *n;
+  }
+};
+
+template <class Dataset>
+batch gather(torch_data_source<Dataset> const& s, std::vector<std::size_t> const& idx) {
+  std::vector<torch::Tensor> xs, ys;
+  xs.reserve(idx.size());
+  ys.reserve(idx.size());
+  for (auto i : idx) {
+    auto ex = s.dataset->get(i);
+    xs.push_back(std::move(ex.data));
+    ys.push_back(std::move(ex.target));
+  }
+  return {torch::stack(xs), torch::stack(ys)};
+}
+
+namespace detail {
+inline std::function<std::vector<std::size_t>(std::size_t, std::int64_t)> shard_of(context const& ctx) {
+  return [&ctx](std::size_t n, std::int64_t epoch) { return ctx.shard_indices(n, epoch); };
+}
+}  // namespace detail
+
+/// Ray's prepare_data_loader: an existing torch::data dataset as this rank's sharded,
+/// prefetching loader, sharded by the trainer's policy, batches on the rank's device.
+template <class Dataset>
+data_loader<torch_data_source<Dataset>> prepare_data_loader(context const& ctx, Dataset dataset,
+                                                             loader_options const& options = {}) {
+  return {torch_data_source<Dataset>{std::make_shared<Dataset>(std::move(dataset))}, detail::shard_of(ctx), options,
+          ctx.device(), ctx.sharding_seed()};
+}
+
+/// `ctx.dataset_shard(name, options)`: the loader of the trainer's dataset `name` (a
+/// cohort::tensor_dataset) for this rank; the same loader every call, so its epoch and position
+/// carry over. Throws cohort::error naming the datasets the trainer has when `name` is unknown.
+template <class Options>
+data_loader<tensor_dataset>& dataset_shard_for(context& ctx, std::string const& name, Options const& options) {
+  auto& slot = ctx.loader_slot(name);
+  if (!slot) {
+    auto const* ds = ctx.dataset(name);
+    if (!ds) throw cohort::error("no dataset named '" + name + "': the trainer has " + ctx.dataset_names() +
+                                 ": pass it with cohort::datasets{{\"" + name + "\", ...}}");
+    auto const* tensors = std::any_cast<tensor_dataset>(ds);
+    if (!tensors) throw cohort::error("dataset '" + name + "' is not a cohort::tensor_dataset: use prepare_data_loader for other types");
+    slot = std::make_shared<data_loader<tensor_dataset>>(*tensors, detail::shard_of(ctx), options, ctx.device(),
+                                                         ctx.sharding_seed());
+  }
+  return *std::static_pointer_cast<data_loader<tensor_dataset>>(slot);
+}
+
+}  // namespace cohort

@@ -1,0 +1,139 @@
+// Sharded, prefetching loaders: coverage and equal counts across ranks, prefetch transparency,
+// exact resume, torch::data adaptation and bad input.
+#include <cohort/cohort.hpp>
+
+#include <set>
+
+#include "../catch.hpp"
+#include "../support.hpp"
+
+namespace {
+
+/// Sample i has input [i, -i] and target i.
+cohort::tensor_dataset numbered(std::int64_t n) {
+  auto ids = torch::arange(n, torch::kLong);
+  return {torch::stack({ids.to(torch::kFloat), -ids.to(torch::kFloat)}, 1), ids};
+}
+
+std::function<std::vector<std::size_t>(std::size_t, std::int64_t)> one_of(int world, int rank, std::uint64_t seed) {
+  return [=](std::size_t n, std::int64_t e) { return cohort::sharding::shuffled{.seed = seed}.indices(n, world, rank, e); };
+}
+
+std::vector<std::int64_t> ids_of(cohort::batch const& b) {
+  auto t = b.targets.contiguous();
+  return {t.data_ptr<std::int64_t>(), t.data_ptr<std::int64_t>() + t.numel()};
+}
+
+cohort::run_config quiet(std::string const& what) {
+  return {.name = "run", .storage_path = cohort_test::scratch(what).string(), .verbose = 0, .abort_timeout_ms = 30'000};
+}
+
+struct squares : torch::data::datasets::Dataset<squares> {
+  torch::data::Example<> get(std::size_t i) override {
+    return {torch::full({3}, static_cast<float>(i * i)), torch::tensor(static_cast<std::int64_t>(i))};
+  }
+  torch::optional<std::size_t> size() const override { return 10; }
+};
+
+}  // namespace
+
+TEST_CASE("dataset shards give every rank the same batch count and together cover every sample", "[torch][data][mpi]") {
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+                             auto& loader = ctx.dataset_shard("train", {.batch_size = 2, .prefetch_batches = 2, .drop_last = false});
+                             std::vector<std::int64_t> seen;
+                             std::int64_t batches = 0;
+                             for (auto& b : loader.epoch()) {
+                               CHECK(b.inputs.size(1) == 2);
+                               CHECK(torch::equal(b.inputs.select(1, 0).to(torch::kLong), b.targets));
+                               auto ids = ids_of(b);
+                               seen.insert(seen.end(), ids.begin(), ids.end());
+                               ++batches;
+                             }
+                             CHECK(loader.state().epoch == 1);  // the epoch advanced by itself
+                             return nlohmann::json{{"batches", batches}, {"seen", seen}};
+                           },
+                           cohort::datasets{{"train", numbered(23)}}, cohort::sharding::shuffled{.seed = 9}}
+               .fit(nlohmann::json::object(), quiet("loader_cover"));
+  REQUIRE(r.ok());
+  std::set<std::int64_t> all;
+  for (auto const& v : r.return_values) {
+    CHECK(v["batches"] == r.return_values.front()["batches"]);
+    for (auto id : v["seen"]) all.insert(id.get<std::int64_t>());
+  }
+  CHECK(all.size() == 23);
+}
+
+TEST_CASE("prefetching does not change the batches", "[torch][data]") {
+  auto run = [](std::size_t prefetch) {
+    cohort::data_loader<cohort::tensor_dataset> l(numbered(50), one_of(3, 1, 4), {.batch_size = 4, .prefetch_batches = prefetch});
+    std::vector<std::int64_t> out;
+    for (int e = 0; e < 2; ++e)
+      for (auto& b : l.epoch())
+        for (auto id : ids_of(b)) out.push_back(id);
+    return out;
+  };
+  auto plain = run(0);
+  CHECK(plain.size() == 2 * 4 * 4);  // 17 samples per rank -> 4 full batches per epoch
+  CHECK(run(1) == plain);
+  CHECK(run(8) == plain);
+}
+
+TEST_CASE("a restored loader position continues with exactly the uninterrupted sequence", "[torch][data]") {
+  auto make = [] { return cohort::data_loader<cohort::tensor_dataset>(numbered(40), one_of(2, 0, 7), {.batch_size = 3}, {}, 7); };
+  auto uninterrupted = make();
+  std::vector<std::int64_t> expected;
+  for (int e = 0; e < 3; ++e)
+    for (auto& b : uninterrupted.epoch())
+      for (auto id : ids_of(b)) expected.push_back(id);
+
+  std::vector<std::int64_t> got;
+  nlohmann::json saved;
+  {
+    auto first = make();
+    for (auto& b : first.epoch()) {  // epoch 0 in full
+      for (auto id : ids_of(b)) got.push_back(id);
+    }
+    for (auto& b : first.epoch()) {  // epoch 1, interrupted after 4 batches
+      for (auto id : ids_of(b)) got.push_back(id);
+      if (first.state().position == 4) break;
+    }
+    saved = first.state();
+  }
+  CHECK(saved == nlohmann::json{{"epoch", 1}, {"position", 4}, {"seed", 7}});
+  auto resumed = make();
+  resumed.restore(saved.get<cohort::loader_state>());
+  while (resumed.state().epoch < 3)
+    for (auto& b : resumed.epoch())
+      for (auto id : ids_of(b)) got.push_back(id);
+  CHECK(got == expected);
+  auto other_seed = cohort::data_loader<cohort::tensor_dataset>(numbered(40), one_of(2, 0, 8), {.batch_size = 3}, {}, 8);
+  CHECK_THROWS_WITH(other_seed.restore(saved.get<cohort::loader_state>()), contains_text("saved with sharding seed 7"));
+}
+
+TEST_CASE("torch::data datasets load through prepare_data_loader", "[torch][data][mpi]") {
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+             auto loader = cohort::prepare_data_loader(ctx, squares{}, {.batch_size = 2, .drop_last = false});
+             std::int64_t count = 0;
+             for (auto& b : loader.epoch()) {
+               REQUIRE(b.inputs.sizes() == torch::IntArrayRef({b.targets.size(0), 3}));
+               CHECK(torch::equal(b.inputs.select(1, 2), (b.targets * b.targets).to(torch::kFloat)));
+               count += b.targets.size(0);
+             }
+             return count;
+           }}.fit(nlohmann::json::object(), quiet("torch_data"));
+  REQUIRE(r.ok());
+  CHECK(r.return_values.front() == (10 + cohort_test::world_size() - 1) / cohort_test::world_size());
+}
+
+TEST_CASE("loader misuse gives a clear error on every rank", "[torch][data][mpi][bad-input]") {
+  auto big = cohort::trainer{[](cohort::context& ctx) { ctx.dataset_shard("train", {.batch_size = 100}); },
+                             cohort::datasets{{"train", numbered(10)}}}
+                 .fit(nlohmann::json::object(), quiet("loader_big"));
+  REQUIRE_FALSE(big.ok());
+  CHECK_THAT(*big.error, contains_text("batch_size 100 is larger than this rank's shard"));
+  auto missing = cohort::trainer{[](cohort::context& ctx) { ctx.dataset_shard("valid"); },
+                                 cohort::datasets{{"train", numbered(10)}}}
+                     .fit(nlohmann::json::object(), quiet("loader_missing"));
+  REQUIRE_FALSE(missing.ok());
+  CHECK_THAT(*missing.error, contains_text("no dataset named 'valid': the trainer has 'train'"));
+}
