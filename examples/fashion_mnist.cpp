@@ -1,10 +1,11 @@
 // Fashion-MNIST with the reference CNN, data-parallel over MPI ranks:
 //   mpirun -np 2 ./fashion_mnist [--data DIR] [--epochs N] [--max-train N] [--storage DIR] [--name NAME]
-// Reports train loss and test accuracy each epoch; rank 0 prints the final metrics as one JSON line.
+// Reports train loss, test accuracy and the share of time spent waiting for data each epoch; rank 0 prints the final metrics as one JSON line.
 
 #include <cohort/cohort.hpp>
 #include <cohort/data/idx.hpp>
 
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -23,12 +24,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(config, lr, momentum, batch_size
 
 namespace {
 
-struct dataset {
-  torch::Tensor images;  // [N, 1, 28, 28] float, normalised
-  torch::Tensor labels;  // [N] int64
-};
-
-dataset load(std::string const& dir, std::string const& split) {
+/// A Fashion-MNIST split as tensors: images [N, 1, 28, 28] normalised, labels [N] int64.
+cohort::tensor_dataset load(std::string const& dir, std::string const& split) {
   auto images = cohort::data::read_idx(std::filesystem::path(dir) / (split + "-images-idx3-ubyte.gz"));
   auto labels = cohort::data::read_idx(std::filesystem::path(dir) / (split + "-labels-idx1-ubyte.gz"));
   if (images.dims.size() != 3 || labels.dims.size() != 1 || images.dims[0] != labels.dims[0])
@@ -64,60 +61,73 @@ int main(int argc, char** argv) {
     }
   }
 
-  auto train = [](cohort::context& ctx, config const& cfg) {
-    torch::manual_seed(0);
-    auto train_set = load(cfg.data_dir, "train");
-    auto test_set = load(cfg.data_dir, "t10k");
-    auto n_train = cfg.max_train > 0 ? std::min(cfg.max_train, train_set.images.size(0)) : train_set.images.size(0);
+  // Every rank reads the files (no communication), so a missing file is reported on every rank.
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  cohort::tensor_dataset train_set, test_set;
+  try {
+    train_set = load(cfg.data_dir, "train");
+    test_set = load(cfg.data_dir, "t10k");
+  } catch (cohort::error const& e) {
+    std::cerr << ("[cohort] rank " + std::to_string(rank) + ": error: " + e.what() + "\n");
+    return 1;
+  }
+  if (cfg.max_train > 0 && cfg.max_train < train_set.inputs.size(0))
+    train_set = {train_set.inputs.narrow(0, 0, cfg.max_train), train_set.targets.narrow(0, 0, cfg.max_train)};
 
+  auto train = [&test_set](cohort::context& ctx, config const& cfg) {
+    torch::manual_seed(0);
     auto model = ctx.prepare_model(fashion_net());
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(cfg.lr).momentum(cfg.momentum));
+    // This rank's shard, reshuffled every epoch, batches made ahead by a background thread.
+    auto& loader = ctx.dataset_shard("train", {.batch_size = cfg.batch_size, .prefetch_batches = 4});
 
     for (int epoch = 0; epoch < cfg.epochs; ++epoch) {
       model->train();
-      auto idx = ctx.shard_indices(static_cast<std::size_t>(n_train), epoch);
-      auto order = torch::from_blob(idx.data(), {static_cast<std::int64_t>(idx.size())}, torch::kLong).clone();
+      auto const epoch_start = std::chrono::steady_clock::now();
+      auto const wait_before = loader.stats().wait_s;
       double loss_sum = 0;
       std::int64_t batches = 0;
-      for (std::int64_t b = 0; b + cfg.batch_size <= order.size(0); b += cfg.batch_size) {
-        auto rows = order.narrow(0, b, cfg.batch_size);
-        auto x = train_set.images.index_select(0, rows);
-        auto y = train_set.labels.index_select(0, rows);
+      for (auto& b : loader.epoch()) {
         opt.zero_grad();
-        auto loss = torch::cross_entropy_loss(model(x), y);
+        auto loss = torch::cross_entropy_loss(model(b.inputs), b.targets);
         loss.backward();
         opt.step();
         loss_sum += loss.item<double>();
         ++batches;
       }
+      double const epoch_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+      double const wait_share = (loader.stats().wait_s - wait_before) / epoch_s;
       // Test accuracy: each rank scores its own slice of the test set; counts are summed.
       model->eval();
       torch::NoGradGuard no_grad;
-      auto n_test = test_set.images.size(0);
+      auto n_test = test_set.inputs.size(0);
       auto per = (n_test + ctx.world_size() - 1) / ctx.world_size();
       auto lo = std::min<std::int64_t>(n_test, per * ctx.world_rank());
       auto hi = std::min<std::int64_t>(n_test, lo + per);
       std::int64_t counts[2] = {0, 0};  // correct, seen
       for (auto b = lo; b < hi; b += 1000) {
         auto len = std::min<std::int64_t>(1000, hi - b);
-        auto pred = model(test_set.images.narrow(0, b, len)).argmax(1);
-        counts[0] += pred.eq(test_set.labels.narrow(0, b, len)).sum().item<std::int64_t>();
+        auto pred = model(test_set.inputs.narrow(0, b, len)).argmax(1);
+        counts[0] += pred.eq(test_set.targets.narrow(0, b, len)).sum().item<std::int64_t>();
         counts[1] += len;
       }
       ctx.comm().allreduce(counts, 2, cohort::comm::reduce_op::sum);
       double losses[2] = {loss_sum, static_cast<double>(batches)};
       ctx.comm().allreduce(losses, 2, cohort::comm::reduce_op::sum);
+      double worst_wait = wait_share;
+      ctx.comm().allreduce(&worst_wait, 1, cohort::comm::reduce_op::max);
       ctx.report({{"epoch", epoch},
                   {"train_loss", losses[0] / losses[1]},
+                  {"data_wait_share", worst_wait},
                   {"test_accuracy", static_cast<double>(counts[0]) / static_cast<double>(counts[1])}});
     }
   };
 
-  cohort::trainer trainer{train, cohort::scaling::cpu{.num_workers = 2}, cohort::sharding::shuffled{.seed = 42}};
+  cohort::trainer trainer{train, cohort::datasets{{"train", train_set}}, cohort::scaling::cpu{.num_workers = 2},
+                          cohort::sharding::shuffled{.seed = 42}};
   auto result = trainer.fit(cfg, run);
   if (!result.ok()) return 1;
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) {
     auto final_metrics = result.metrics;
     final_metrics["run_path"] = result.path.string();

@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -86,6 +87,14 @@ class data_loader {
 
   /// The position of the next batch.
   loader_state state() const { return state_; }
+
+  /// What the training thread has spent on this loader: batches handed out, and seconds spent
+  /// waiting for them (blocked on the prefetch queue, or making the batch when prefetch is off).
+  struct stats_type {
+    std::int64_t batches = 0;
+    double wait_s = 0;
+  };
+  stats_type stats() const { return stats_; }
 
   /// Continues from `s` (saved by state()). Throws cohort::error when `s` was saved under
   /// another shuffling seed (the sample order would differ).
@@ -184,6 +193,7 @@ class data_loader {
     void advance() {
       auto& l = *loader_;
       current_.reset();
+      auto const t0 = std::chrono::steady_clock::now();
       if (l.state_.position >= total_) {
         l.state_.epoch += 1;
         l.state_.position = 0;
@@ -200,6 +210,8 @@ class data_loader {
         current_ = make(l.state_.position);
       }
       ++l.state_.position;  // handed out: a state saved while it is in use resumes after it
+      ++l.stats_.batches;
+      l.stats_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (l.device_.kind == device_kind::cuda) {
         current_->inputs = current_->inputs.to(to_torch(l.device_), /*non_blocking=*/true);
         current_->targets = current_->targets.to(to_torch(l.device_), /*non_blocking=*/true);
@@ -235,6 +247,7 @@ class data_loader {
   loader_options options_;
   cohort::device device_;
   loader_state state_;
+  stats_type stats_;
 };
 
 /// A torch::data dataset (anything with `get(index)` returning an Example and `size()`) as a
