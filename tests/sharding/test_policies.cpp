@@ -41,3 +41,11 @@ TEST_CASE("shuffled shards are deterministic and change from epoch to epoch", "[
   CHECK(interleaved{}.indices(10, 3, 1, 0) == std::vector<std::size_t>{1, 4, 7, 0});
   CHECK(interleaved{.on_remainder = remainder::drop}.indices(10, 3, 2, 0) == std::vector<std::size_t>{2, 5, 8});
 }
+
+#include <cohort/sharding/batch_size.hpp>
+
+TEST_CASE("global batch size is per-worker batch size times the world size", "[sharding][pure]") {
+  CHECK(cohort::global_batch_size(64, 3) == 192);
+  CHECK(cohort::per_worker_batch_size(192, 3) == 64);
+  CHECK_THROWS_WITH(cohort::per_worker_batch_size(100, 3), contains_text("does not divide over 3 ranks"));
+}
