@@ -13,12 +13,17 @@
 #include <functional>
 #include <iostream>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "cohort/checkpointing/checkpoint.hpp"
+#include "cohort/checkpointing/payload.hpp"
+#include "cohort/checkpointing/policies.hpp"
 #include "cohort/comm/any.hpp"
+#include "cohort/comm/collectives.hpp"
 #include "cohort/error.hpp"
 #include "cohort/report/console.hpp"
 #include "cohort/report/run_directory.hpp"
@@ -32,32 +37,109 @@ namespace cohort {
 
 namespace detail {
 
-/// The report bookkeeping of one fit() on one rank. Rank 0 owns the run directory; every rank
-/// counts its reports so fit() can check that all ranks reported equally often.
+/// The report bookkeeping of one fit() on one rank. Rank 0 owns the run directory and the
+/// checkpoints; every rank counts its reports so fit() can check that all reported equally often.
 struct report_state {
   std::optional<report::run_directory> dir;  ///< only on rank 0
   std::string name;
   int verbose = 1;
+  int rank = 0;
+  std::filesystem::path run_path;
+  std::string staging_prefix;  ///< unique per attempt: staging directories never collide
+  comm::any* control = nullptr;
+  std::function<std::vector<std::size_t>(std::span<checkpointing::record const>)> retain;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point last = start;
-  std::int64_t count = 0;
+  std::int64_t count = 0;               ///< training_iteration of the last report (continues on resume)
+  std::int64_t reports_this_attempt = 0;
   std::vector<nlohmann::json> history;  ///< rank 0 only; broadcast at the end of fit()
+  std::vector<checkpointing::record> checkpoints;  ///< rank 0: retained, oldest first
 
-  void report(nlohmann::json metrics) {
+  static void check_metrics(nlohmann::json const& metrics) {
     if (!metrics.is_object())
       throw cohort::error("report() takes a JSON object of metrics, e.g. ctx.report({{\"loss\", 0.1}}), got: " +
                           metrics.dump());
-    ++count;
-    if (!dir) return;
+  }
+
+  /// The row of the next report: the metrics with Ray's auto-filled keys.
+  nlohmann::json row_of(nlohmann::json metrics) {
     auto now = std::chrono::steady_clock::now();
-    metrics["training_iteration"] = count;
+    metrics["training_iteration"] = count + 1;
     metrics["time_this_iter_s"] = std::chrono::duration<double>(now - last).count();
     metrics["time_total_s"] = std::chrono::duration<double>(now - start).count();
     metrics["timestamp"] = static_cast<std::int64_t>(std::time(nullptr));
     last = now;
-    dir->append(metrics);
-    if (verbose > 0) std::cout << report::progress_line(name, metrics) << std::endl;
-    history.push_back(std::move(metrics));
+    return metrics;
+  }
+
+  void record(nlohmann::json row) {
+    ++count;
+    ++reports_this_attempt;
+    if (!dir) return;
+    dir->append(row);
+    if (verbose > 0) std::cout << report::progress_line(name, row) << std::endl;
+    history.push_back(std::move(row));
+  }
+
+  void report(nlohmann::json metrics) {
+    check_metrics(metrics);
+    record(dir ? row_of(std::move(metrics)) : nlohmann::json());
+  }
+
+  /// A report with a checkpoint. Collective over the control communicator: every rank writes
+  /// its files into one staging directory, the ranks agree that all writes succeeded, rank 0
+  /// commits (manifest, fsync, rename) and applies the retention policy, and the ranks agree on
+  /// the commit. Any failure is a cohort::error on every rank; committed checkpoints are intact.
+  void report(nlohmann::json metrics, checkpoint_payload const& payload) {
+    check_metrics(metrics);
+    auto const iteration = count + 1;
+    auto const staging = run_path / ".staging" / (staging_prefix + checkpointing::dir_name(iteration));
+    std::optional<std::string> err;
+    try {
+      std::filesystem::create_directories(staging);
+      if (payload.write) payload.write(staging, rank);
+    } catch (std::exception const& e) {
+      err = std::string("writing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what();
+    }
+    if (auto e = agree_on(err)) throw cohort::error(*e);
+    nlohmann::json row = row_of(std::move(metrics));
+    if (rank == 0) {
+      try {
+        checkpointing::commit(staging, run_path / checkpointing::dir_name(iteration),
+                              {{"training_iteration", iteration}, {"metrics", row}});
+        checkpoints.push_back({static_cast<std::size_t>(iteration), row});
+        apply_retention();
+      } catch (std::exception const& e) {
+        err = std::string("committing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what();
+        std::error_code ec;
+        std::filesystem::remove_all(staging, ec);
+      }
+    }
+    if (auto e = agree_on(err)) throw cohort::error(*e);
+    record(std::move(row));
+  }
+
+  /// Rank 0: deletes the committed checkpoints the policy does not keep.
+  void apply_retention() {
+    if (!retain) return;
+    auto keep = retain(checkpoints);
+    std::vector<checkpointing::record> kept;
+    for (std::size_t i = 0; i < checkpoints.size(); ++i) {
+      if (std::find(keep.begin(), keep.end(), i) != keep.end()) {
+        kept.push_back(checkpoints[i]);
+        continue;
+      }
+      std::error_code ec;
+      std::filesystem::remove_all(run_path / checkpointing::dir_name(static_cast<std::int64_t>(checkpoints[i].iteration)), ec);
+    }
+    checkpoints = std::move(kept);
+  }
+
+  std::optional<std::string> agree_on(std::optional<std::string> const& local) {
+    auto all = comm::allgather_strings(*control, local ? *local : std::string{});
+    for (std::size_t r = 0; r < all.size(); ++r)
+      if (!all[r].empty()) return (all.size() > 1 ? "rank " + std::to_string(r) + ": " : std::string{}) + all[r];
+    return std::nullopt;
   }
 };
 
@@ -95,6 +177,20 @@ class context {
   /// time_this_iter_s, time_total_s and timestamp, in result.json and progress.csv. No
   /// communication.
   void report(nlohmann::json const& metrics) { reports_.report(metrics); }
+
+  /// Records metrics with a checkpoint (Ray's `report(metrics, checkpoint=...)`): every rank
+  /// calls it; `payload` writes this rank's files (rank 0 the replicated state, any rank may add
+  /// its own) into one directory, which rank 0 commits atomically as checkpoint_<iteration> and
+  /// the checkpointing policy then keeps or deletes. Collective: two agreements over the
+  /// trainer's control communicator. A failed write or commit is a cohort::error on every rank.
+  void report(nlohmann::json const& metrics, checkpoint_payload const& payload) { reports_.report(metrics, payload); }
+
+  /// The checkpoint this run resumes from: the latest committed checkpoint of this run directory
+  /// that verifies against its manifest (or the one named by run_config.resume_from_checkpoint);
+  /// nothing on a fresh run. The same on every rank.
+  std::optional<cohort::checkpoint> const& checkpoint() const { return resume_; }
+  /// Sets the checkpoint to resume from (the trainer does, at the start of fit()).
+  void set_resume_checkpoint(std::optional<cohort::checkpoint> c) { resume_ = std::move(c); }
 
   /// This rank's sample indices of a dataset of `dataset_size` samples in `epoch`, from the
   /// trainer's sharding policy. Every rank gets the same count. No communication.
@@ -150,6 +246,7 @@ class context {
   cohort::datasets const* datasets_;
   std::uint64_t sharding_seed_;
   std::map<std::string, std::shared_ptr<void>> loaders_;
+  std::optional<cohort::checkpoint> resume_;
 };
 
 }  // namespace cohort

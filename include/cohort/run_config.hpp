@@ -15,6 +15,9 @@ struct run_config {
   /// How long a rank whose functor threw waits for the others to reach the end of fit() before
   /// it aborts the job (they may be blocked in a collective it will never enter). Never a hang.
   int abort_timeout_ms = 30'000;
+  /// A checkpoint directory to resume from. Empty: resume from the latest good checkpoint of this
+  /// run directory, if there is one (rerunning the same command resumes, as in Ray Train).
+  std::string resume_from_checkpoint{};
 };
 
 }  // namespace cohort

@@ -5,7 +5,12 @@
 
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cmath>
+#include <limits>
+#include <span>
 #include <cstdio>
 #include <ctime>
 #include <cxxabi.h>
@@ -23,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cohort/checkpointing/checkpoint.hpp"
 #include "cohort/comm/any.hpp"
 #include "cohort/comm/collectives.hpp"
 #include "cohort/comm/mpi.hpp"
@@ -129,7 +135,7 @@ inline std::string host_name() {
 
 /// A data-parallel trainer: `fn` run on every rank of a communicator, composed with up to one
 /// policy per axis, in any order: scaling (default scaling::cpu{}), sharding (default
-/// sharding::contiguous{}), checkpointing (default checkpointing::keep_all{}); and optionally the
+/// sharding::contiguous{}), checkpointing (default cohort::checkpointing::keep_all{}); and optionally the
 /// named cohort::datasets that `ctx.dataset_shard(name)` reads.
 ///
 /// `fn` is `fn(cohort::context&, Config const&)` or `fn(cohort::context&)`; it may return a
@@ -142,7 +148,7 @@ class trainer {
   using scaling_type = typename detail::pick<detail::is_scaling, scaling::cpu, Policies...>::type;
   using sharding_type = typename detail::pick<detail::is_sharding, sharding::contiguous, Policies...>::type;
   using checkpointing_type =
-      typename detail::pick<detail::is_checkpointing, checkpointing::keep_all, Policies...>::type;
+      typename detail::pick<detail::is_checkpointing, cohort::checkpointing::keep_all, Policies...>::type;
 
   explicit trainer(Fn fn, Policies... policies) : fn_(std::move(fn)), policies_(std::move(policies)...) {}
 
@@ -210,9 +216,15 @@ class trainer {
     detail::report_state reports;
     reports.name = name;
     reports.verbose = run.verbose;
+    reports.rank = rank;
+    reports.run_path = run_path;
+    reports.control = &control;
+    reports.retain = [policy = checkpointing()](std::span<cohort::checkpointing::record const> all) { return policy.retain(all); };
+    std::string resume_text;  // rank 0: {"path", "iteration"} of the checkpoint to resume from
     if (!err && rank == 0) {
       try {
         reports.dir.emplace(run_path, nlohmann::json::parse(config_text));
+        resume_text = find_resume_point(run, run_path, reports).dump();
       } catch (std::exception const& e) {
         err = e.what();
       }
@@ -220,6 +232,12 @@ class trainer {
     err = detail::agree(control, err);
     out.path = run_path;
     if (err) return fail(std::move(out), *err, rank);
+    auto resume = nlohmann::json::parse(comm::broadcast_string(control, resume_text));
+    reports.staging_prefix = comm::broadcast_string(control, std::to_string(::getpid()) + "_" + detail::utc_stamp() + "_");
+    reports.count = resume.value("iteration", std::int64_t{0});
+    if (rank == 0)
+      for (auto const& row : reports.dir->previous_rows())
+        if (row.value("training_iteration", std::int64_t{0}) <= reports.count) reports.history.push_back(row);
 
     auto topo = scaling::discover_topology(control, detail::host_name());
     int threads = scaling().intra_op_threads(topo, scaling::node_cores());
@@ -232,6 +250,7 @@ class trainer {
     static cohort::datasets const no_datasets{};
     context ctx(topo, scaling().device_for(topo), threads, name, run_path, work, reports, shard,
                 &detail::get_or(policies_, no_datasets), seed);
+    if (resume.contains("path")) ctx.set_resume_checkpoint(cohort::checkpoint::from_directory(resume["path"].get<std::string>()));
 
     // The functor. Any exception is held until every rank has finished.
     std::optional<std::string> failure;
@@ -250,7 +269,7 @@ class trainer {
     }
     // Completion: [failed, max reports, -min reports]; the failed rank waits at most
     // abort_timeout_ms for the others, then aborts the job rather than hang.
-    std::int64_t status[3] = {failure ? 1 : 0, reports.count, -reports.count};
+    std::int64_t status[3] = {failure ? 1 : 0, reports.reports_this_attempt, -reports.reports_this_attempt};
     auto req = control.iallreduce(status, 3, comm::reduce_op::max);
     if (failure) wait_or_abort(req, run.abort_timeout_ms, rank, *failure);
     else req.wait();
@@ -269,6 +288,9 @@ class trainer {
     auto history = comm::broadcast_string(control, rank == 0 ? nlohmann::json(reports.history).dump() : std::string{});
     for (auto& row : nlohmann::json::parse(history)) out.metrics_history.push_back(std::move(row));
     if (!out.metrics_history.empty()) out.metrics = out.metrics_history.back();
+    auto ckpts = nlohmann::json::parse(comm::broadcast_string(control, rank == 0 ? checkpoint_summary(reports).dump() : std::string{}));
+    for (auto const& c : ckpts["best"]) out.best_checkpoints.push_back({c["path"].template get<std::string>(), c["metrics"]});
+    if (ckpts.contains("latest")) out.checkpoint = checkpoint_info{ckpts["latest"]["path"].template get<std::string>(), ckpts["latest"]["metrics"]};
     if constexpr (std::is_void_v<return_type>) {
       out.return_values.resize(static_cast<std::size_t>(control.size()));
     } else {
@@ -290,6 +312,60 @@ class trainer {
     // One write per line, so that lines from different ranks do not interleave.
     std::cerr << ("[cohort] rank " + std::to_string(rank) + ": error: " + message + "\n") << std::flush;
     out.error = message;
+    return out;
+  }
+
+  /// Rank 0, at setup: the checkpoint to resume from ({} on a fresh run), and the retained
+  /// checkpoints of earlier attempts for the retention policy. Checkpoints newer than the latest
+  /// good one that fail verification are moved aside (renamed *.corrupt), never deleted.
+  nlohmann::json find_resume_point(run_config const& run, std::filesystem::path const& run_path, detail::report_state& reports) const {
+    std::error_code ec;
+    std::filesystem::remove_all(run_path / ".staging", ec);  // staging left by a crashed attempt
+    std::optional<cohort::checkpoint> from;
+    if (!run.resume_from_checkpoint.empty()) {
+      if (auto problem = cohort::checkpointing::verify(run.resume_from_checkpoint))
+        throw cohort::error("run_config.resume_from_checkpoint: " + *problem + ": name a committed checkpoint directory");
+      from = cohort::checkpoint::from_directory(run.resume_from_checkpoint);
+    } else {
+      from = cohort::checkpointing::latest_good(run_path, &std::cerr);
+    }
+    for (auto const& dir : cohort::checkpointing::committed(run_path)) {
+      if (cohort::checkpointing::verify(dir)) {
+        if (!from || dir.filename() > from->path().filename()) std::filesystem::rename(dir, dir.string() + ".corrupt", ec);
+        continue;
+      }
+      auto meta = cohort::checkpoint::from_directory(dir).metadata();
+      reports.checkpoints.push_back({meta.value("training_iteration", std::size_t{0}), meta.value("metrics", nlohmann::json::object())});
+    }
+    if (!from) return nlohmann::json::object();
+    return {{"path", from->path().string()}, {"iteration", from->metadata().value("training_iteration", std::int64_t{0})}};
+  }
+
+  /// Rank 0, at the end: the latest checkpoint and the retained ones, best first when the policy
+  /// ranks by a metric, else newest first.
+  nlohmann::json checkpoint_summary(detail::report_state const& reports) const {
+    auto entry = [&](cohort::checkpointing::record const& r) {
+      return nlohmann::json{{"path", (reports.run_path / cohort::checkpointing::dir_name(static_cast<std::int64_t>(r.iteration))).string()},
+                            {"metrics", r.metrics}};
+    };
+    nlohmann::json out{{"best", nlohmann::json::array()}};
+    if (reports.checkpoints.empty()) return out;
+    out["latest"] = entry(reports.checkpoints.back());
+    auto order = reports.checkpoints;
+    std::reverse(order.begin(), order.end());
+    if constexpr (requires(checkpointing_type const& p) { p.metric; p.order; }) {
+      auto const& p = checkpointing();
+      auto score = [&](cohort::checkpointing::record const& r) {
+        return r.metrics.contains(p.metric) && r.metrics[p.metric].is_number() ? r.metrics[p.metric].template get<double>()
+                                                                              : std::numeric_limits<double>::quiet_NaN();
+      };
+      std::stable_sort(order.begin(), order.end(), [&](auto const& a, auto const& b) {
+        double sa = score(a), sb = score(b);
+        if (std::isnan(sa) || std::isnan(sb)) return !std::isnan(sa) && std::isnan(sb);
+        return p.order == cohort::order::min ? sa < sb : sa > sb;
+      });
+    }
+    for (auto const& r : order) out["best"].push_back(entry(r));
     return out;
   }
 

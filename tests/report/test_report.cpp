@@ -29,7 +29,7 @@ TEST_CASE("nested metrics flatten into a/b columns", "[report][pure]") {
   CHECK(cohort::report::csv_field("say \"hi\"") == "\"say \"\"hi\"\"\"");
 }
 
-TEST_CASE("the run directory holds params.json, result.json lines and a widening progress.csv", "[report][pure]") {
+TEST_CASE("the run directory holds params.json, result.json lines and a widening progress.csv, and appends on a rerun", "[report][pure]") {
   auto root = cohort_test::scratch("rundir") / std::to_string(cohort_test::world_rank());
   cohort::report::run_directory dir(root / "run", {{"lr", 0.1}});
   dir.append({{"loss", 1.0}, {"training_iteration", 1}});
@@ -43,10 +43,14 @@ TEST_CASE("the run directory holds params.json, result.json lines and a widening
   CHECK(nlohmann::json::parse(b)["val"]["acc"] == 0.7);
   CHECK(slurp(root / "run" / "progress.csv") == "loss,training_iteration,val/acc\n1.0,1,\n0.5,2,0.7\n");
   CHECK_FALSE(std::filesystem::exists(root / "run" / "params.json.tmp"));
-  // the results of an earlier run are never overwritten
-  CHECK_THROWS_WITH(cohort::report::run_directory(root / "run", {}),
-                    contains_text("already holds result.json"));
-  CHECK(slurp(root / "run" / "result.json").size() == a.size() + b.size() + 2);
+  // a rerun of the same run appends: earlier rows are never rewritten or dropped
+  cohort::report::run_directory again(root / "run", {{"lr", 9.9}});
+  REQUIRE(again.previous_rows().size() == 2);
+  CHECK(again.previous_rows()[1]["loss"] == 0.5);
+  again.append({{"loss", 0.25}, {"training_iteration", 3}});
+  CHECK(slurp(root / "run" / "result.json").substr(0, a.size() + b.size() + 2) == a + "\n" + b + "\n");
+  CHECK(slurp(root / "run" / "progress.csv") == "loss,training_iteration,val/acc\n1.0,1,\n0.5,2,0.7\n0.25,3,\n");
+  CHECK(nlohmann::json::parse(slurp(root / "run" / "params.json"))["lr"] == 0.1);  // the run's original params
 }
 
 TEST_CASE("the progress line shows the iteration, time and metrics", "[report][pure]") {

@@ -39,9 +39,10 @@ inline void write_file_atomic(std::filesystem::path const& path, std::string con
 /// brings new keys the file is rewritten (atomically) with the wider header.
 class run_directory {
  public:
-  /// Creates `path` (and parents) and writes params.json. Throws cohort::error with the cause
-  /// and the fix when the directory cannot be created or written, or already holds the results
-  /// of an earlier run (they are never overwritten).
+  /// Creates `path` (and parents) and writes params.json unless it exists. When the directory
+  /// already holds result.json (a rerun of the same run, e.g. a resume), new rows are appended
+  /// after the earlier ones, which are never rewritten or dropped. Throws cohort::error with the
+  /// cause and the fix when the directory cannot be created or written.
   run_directory(std::filesystem::path path, nlohmann::json const& params) : path_(std::move(path)) {
     std::error_code ec;
     std::filesystem::create_directories(path_, ec);
@@ -49,19 +50,28 @@ class run_directory {
       throw cohort::error("cannot create run directory " + path_.string() + " (" +
                           (ec ? ec.message() : std::string("not a directory")) +
                           "): set run_config.storage_path to a writable directory");
-    if (std::filesystem::exists(path_ / "result.json", ec))
-      throw cohort::error("run directory " + path_.string() +
-                          " already holds result.json from an earlier run: pick a new run_config.name "
-                          "(empty gives a timestamped one) or remove that directory");
     try {
-      write_file_atomic(path_ / "params.json", params.dump(2) + "\n");
+      if (!std::filesystem::exists(path_ / "params.json", ec)) write_file_atomic(path_ / "params.json", params.dump(2) + "\n");
     } catch (cohort::error const& e) {
       throw cohort::error(std::string(e.what()) + "; set run_config.storage_path to a writable directory");
+    }
+    // A rerun of the same run (a resume) appends: earlier rows are never rewritten or dropped.
+    std::ifstream old(path_ / "result.json");
+    for (std::string line; std::getline(old, line);) {
+      auto row = nlohmann::json::parse(line, nullptr, false);
+      if (!row.is_object()) continue;  // a line cut short by a crash
+      previous_.push_back(row);
+      auto flat = flatten(row);
+      for (auto const& [k, v] : flat)
+        if (std::find(columns_.begin(), columns_.end(), k) == columns_.end()) columns_.push_back(k);
+      rows_.push_back(std::move(flat));
     }
   }
 
   /// The directory.
   std::filesystem::path const& path() const { return path_; }
+  /// The rows an earlier attempt of this run left in result.json, oldest first.
+  std::vector<nlohmann::json> const& previous_rows() const { return previous_; }
 
   /// Appends one report (already carrying the auto-filled keys) to result.json and progress.csv.
   void append(nlohmann::json const& row) {
@@ -114,6 +124,7 @@ class run_directory {
   std::filesystem::path path_;
   std::vector<std::string> columns_;
   std::vector<flat_row> rows_;
+  std::vector<nlohmann::json> previous_;
 };
 
 }  // namespace cohort::report

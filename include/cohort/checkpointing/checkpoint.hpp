@@ -1,0 +1,162 @@
+#pragma once
+/// \file
+/// Checkpoints on disk: a directory `checkpoint_<iteration>` committed atomically (files written
+/// into a staging directory, fsynced, listed with size and CRC-32 in manifest.json, then renamed),
+/// verified against its manifest when loaded.
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/error.hpp"
+
+namespace cohort {
+
+/// A committed checkpoint directory. Cheap to copy (a path).
+class checkpoint {
+ public:
+  /// Refers to `dir` (not verified; see checkpointing::verify).
+  static checkpoint from_directory(std::filesystem::path dir) { return checkpoint(std::move(dir)); }
+
+  /// The directory.
+  std::filesystem::path const& path() const { return dir_; }
+  /// Scoped access to the files: checkpoints live on a filesystem every rank can read, so this
+  /// is the directory itself; valid while the checkpoint is retained.
+  std::filesystem::path const& as_directory() const { return dir_; }
+  /// The metadata stored at commit (training_iteration, metrics, and what the writer added).
+  nlohmann::json metadata() const {
+    std::ifstream in(dir_ / "manifest.json");
+    auto m = nlohmann::json::parse(in, nullptr, false);
+    return m.is_object() && m.contains("metadata") ? m["metadata"] : nlohmann::json::object();
+  }
+
+ private:
+  explicit checkpoint(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  std::filesystem::path dir_;
+};
+
+namespace checkpointing {
+
+/// The directory name of the checkpoint of report `iteration`: checkpoint_000042.
+inline std::string dir_name(std::int64_t iteration) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "checkpoint_%06lld", static_cast<long long>(iteration));
+  return buf;
+}
+
+/// CRC-32 (zlib) of a file's bytes.
+inline std::uint32_t file_crc32(std::filesystem::path const& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw cohort::error("cannot read " + p.string());
+  uLong crc = crc32(0L, Z_NULL, 0);
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    auto n = in.gcount();
+    if (n > 0) crc = crc32(crc, reinterpret_cast<Bytef const*>(buf.data()), static_cast<uInt>(n));
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+/// fsync of a file or a directory; throws cohort::error on failure (e.g. a full disk).
+inline void fsync_path(std::filesystem::path const& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) throw cohort::error("cannot open " + p.string() + " to sync it");
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw cohort::error("fsync of " + p.string() + " failed: check free space");
+}
+
+/// Commits `staging` as `final`: lists every regular file under it (relative path, size, CRC-32)
+/// with `metadata` in manifest.json, fsyncs the files, the manifest and the directories, renames
+/// `staging` to `final` and fsyncs the parent. A crash at any point leaves either no `final` or a
+/// complete one. Throws cohort::error (and leaves no `final`) on any failure.
+inline void commit(std::filesystem::path const& staging, std::filesystem::path const& final_dir,
+                   nlohmann::json const& metadata) {
+  namespace fs = std::filesystem;
+  nlohmann::json files = nlohmann::json::array();
+  std::vector<fs::path> dirs{staging};
+  for (auto const& e : fs::recursive_directory_iterator(staging)) {
+    if (e.is_directory()) dirs.push_back(e.path());
+    if (!e.is_regular_file()) continue;
+    fsync_path(e.path());
+    files.push_back({{"name", fs::relative(e.path(), staging).generic_string()},
+                     {"size", static_cast<std::uint64_t>(e.file_size())},
+                     {"crc32", file_crc32(e.path())}});
+  }
+  {
+    std::ofstream out(staging / "manifest.json", std::ios::trunc);
+    out << nlohmann::json{{"format", 1}, {"files", files}, {"metadata", metadata}}.dump(2) << "\n";
+    out.flush();
+    if (!out) throw cohort::error("could not write " + (staging / "manifest.json").string() + ": check free space");
+  }
+  fsync_path(staging / "manifest.json");
+  for (auto const& d : dirs) fsync_path(d);
+  std::error_code ec;
+  fs::rename(staging, final_dir, ec);
+  if (ec) throw cohort::error("could not commit " + final_dir.string() + ": " + ec.message());
+  fsync_path(final_dir.parent_path());
+}
+
+/// Checks a checkpoint directory against its manifest: nothing when every listed file exists
+/// with its size and CRC-32, else what is wrong (naming the file).
+inline std::optional<std::string> verify(std::filesystem::path const& dir) {
+  namespace fs = std::filesystem;
+  std::ifstream in(dir / "manifest.json");
+  if (!in) return dir.string() + ": no manifest.json (an uncommitted or foreign directory)";
+  auto m = nlohmann::json::parse(in, nullptr, false);
+  if (!m.is_object() || !m.contains("files") || !m["files"].is_array())
+    return (dir / "manifest.json").string() + ": not a valid manifest";
+  for (auto const& f : m["files"]) {
+    if (!f.contains("name") || !f.contains("size") || !f.contains("crc32"))
+      return (dir / "manifest.json").string() + ": an entry lacks name, size or crc32";
+    auto p = dir / f["name"].get<std::string>();
+    std::error_code ec;
+    auto size = fs::file_size(p, ec);
+    if (ec) return p.string() + ": listed in the manifest but missing";
+    if (size != f["size"].get<std::uint64_t>())
+      return p.string() + ": " + std::to_string(size) + " bytes, the manifest says " + f["size"].dump() + " (truncated?)";
+    if (file_crc32(p) != f["crc32"].get<std::uint32_t>()) return p.string() + ": checksum does not match the manifest";
+  }
+  return std::nullopt;
+}
+
+/// The committed checkpoint directories under `run_dir`, oldest first (by iteration).
+inline std::vector<std::filesystem::path> committed(std::filesystem::path const& run_dir) {
+  std::vector<std::filesystem::path> out;
+  std::error_code ec;
+  for (auto const& e : std::filesystem::directory_iterator(run_dir, ec)) {
+    auto name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("checkpoint_", 0) == 0 && name.size() == 17) out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// The newest checkpoint under `run_dir` that verifies; each newer one that does not is skipped
+/// with a one-line warning on `warnings` naming it and the problem.
+inline std::optional<checkpoint> latest_good(std::filesystem::path const& run_dir, std::ostream* warnings = nullptr) {
+  auto all = committed(run_dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    auto problem = verify(*it);
+    if (!problem) return checkpoint::from_directory(*it);
+    if (warnings) *warnings << "[cohort] warning: skipping checkpoint " << it->string() << ": " << *problem << "\n";
+  }
+  return std::nullopt;
+}
+
+}  // namespace checkpointing
+}  // namespace cohort
