@@ -3,6 +3,8 @@
 /// The umbrella header: everything, with the LibTorch integration when COHORT_WITH_TORCH is set
 /// (the cohort::cohort CMake target sets it when Torch was found).
 
+#include "cohort/checkpointing/checkpoint.hpp"
+#include "cohort/checkpointing/payload.hpp"
 #include "cohort/checkpointing/policies.hpp"
 #include "cohort/comm/any.hpp"
 #include "cohort/comm/collectives.hpp"
@@ -34,6 +36,7 @@
 #include "cohort/trainer.hpp"
 
 #if COHORT_WITH_TORCH
+#include "cohort/torch/checkpoint.hpp"
 #include "cohort/torch/data_loader.hpp"
 #include "cohort/torch/device.hpp"
 #include "cohort/torch/prepare_model.hpp"

@@ -1,0 +1,117 @@
+#include <cohort/checkpointing/checkpoint.hpp>
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "../catch.hpp"
+#include "../support.hpp"
+
+namespace fs = std::filesystem;
+using namespace cohort::checkpointing;
+
+namespace {
+
+fs::path fresh_dir(std::string const& what) {
+  auto d = fs::temp_directory_path() / "cohort_tests" / (what + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void commit_one(fs::path const& run, std::int64_t iteration, std::size_t bytes, char fill = 'x') {
+  auto staging = run / ".staging" / dir_name(iteration);
+  fs::create_directories(staging / "sub");
+  std::ofstream(staging / "model.bin", std::ios::binary) << std::string(bytes, fill);
+  std::ofstream(staging / "sub" / "rank1.bin", std::ios::binary) << "per-rank state";
+  commit(staging, run / dir_name(iteration), {{"training_iteration", iteration}});
+}
+
+}  // namespace
+
+TEST_CASE("a committed checkpoint lists every file with size and checksum and verifies", "[checkpointing][pure]") {
+  auto run = fresh_dir("commit");
+  commit_one(run, 3, 1000);
+  auto dir = run / "checkpoint_000003";
+  REQUIRE(fs::is_directory(dir));
+  CHECK_FALSE(fs::exists(run / ".staging" / "checkpoint_000003"));
+  CHECK_FALSE(verify(dir).has_value());
+  auto ck = cohort::checkpoint::from_directory(dir);
+  CHECK(ck.metadata()["training_iteration"] == 3);
+  CHECK(fs::exists(ck.as_directory() / "sub" / "rank1.bin"));
+}
+
+TEST_CASE("a corrupt, truncated or unlisted checkpoint is skipped for the previous good one", "[checkpointing][pure]") {
+  auto run = fresh_dir("corrupt");
+  commit_one(run, 1, 100);
+  commit_one(run, 2, 100);
+  std::ostringstream warnings;
+  SECTION("wrong checksum") {
+    std::fstream f(run / "checkpoint_000002" / "model.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(10);
+    f.put('!');
+  }
+  SECTION("truncated file") { fs::resize_file(run / "checkpoint_000002" / "model.bin", 50); }
+  SECTION("corrupt manifest") { std::ofstream(run / "checkpoint_000002" / "manifest.json") << "{ not json"; }
+  SECTION("missing file") { fs::remove(run / "checkpoint_000002" / "sub" / "rank1.bin"); }
+  auto good = latest_good(run, &warnings);
+  REQUIRE(good.has_value());
+  CHECK(good->path().filename() == "checkpoint_000001");
+  CHECK_THAT(warnings.str(), contains_text("skipping checkpoint " + (run / "checkpoint_000002").string()));
+}
+
+TEST_CASE("a writer killed mid-write never damages the latest committed checkpoint", "[checkpointing][pure]") {
+  auto run = fresh_dir("kill9");
+  commit_one(run, 1, 4 << 20);
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // keeps committing large checkpoints until killed
+    for (std::int64_t i = 2;; ++i) commit_one(run, i, 8 << 20, static_cast<char>('a' + i % 26));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK(WIFSIGNALED(status));
+  auto good = latest_good(run);
+  REQUIRE(good.has_value());
+  CHECK_FALSE(verify(good->path()).has_value());
+  for (auto const& d : committed(run)) CHECK_FALSE(verify(d).has_value());  // no committed dir is partial
+}
+
+TEST_CASE("a full disk fails the write and leaves no committed checkpoint behind", "[checkpointing][pure]") {
+  auto run = fresh_dir("diskfull");
+  commit_one(run, 1, 100);
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {  // a file size limit of 64 KiB stands in for a full disk
+    signal(SIGXFSZ, SIG_IGN);
+    rlimit lim{64 << 10, 64 << 10};
+    setrlimit(RLIMIT_FSIZE, &lim);
+    try {
+      auto staging = run / ".staging" / dir_name(2);
+      fs::create_directories(staging);
+      {
+        std::ofstream out(staging / "model.bin", std::ios::binary);
+        out << std::string(1 << 20, 'y');
+        out.flush();
+        if (!out) throw cohort::error("could not write model.bin: check free space");
+      }
+      commit(staging, run / dir_name(2), {});
+      _exit(0);
+    } catch (cohort::error const&) {
+      _exit(3);
+    }
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK(WEXITSTATUS(status) == 3);
+  CHECK_FALSE(fs::exists(run / "checkpoint_000002"));
+  CHECK(latest_good(run)->path().filename() == "checkpoint_000001");
+}

@@ -1,0 +1,138 @@
+// Checkpoints through the trainer: exact (bitwise) resume after an interruption, retention with
+// best-K, a failing checkpoint write, and model files Python can read.
+#include <cohort/cohort.hpp>
+
+#include "../catch.hpp"
+#include "../support.hpp"
+
+namespace {
+
+struct netImpl : torch::nn::Module {
+  netImpl() : l1(register_module("l1", torch::nn::Linear(3, 6))), l2(register_module("l2", torch::nn::Linear(6, 1))) {}
+  torch::Tensor forward(torch::Tensor x) { return l2(torch::tanh(l1(x))); }
+  torch::nn::Linear l1, l2;
+};
+TORCH_MODULE(net);
+
+cohort::tensor_dataset data() {
+  auto x = torch::linspace(-1, 1, 90).reshape({30, 3});
+  return {x, x.sum(1, true).sin()};
+}
+
+struct config {
+  int epochs = 4;
+  int fail_at = -1;  ///< throw on every rank just before the report of this training_iteration
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(config, epochs, fail_at)
+
+/// Trains with a checkpoint at every epoch; resumes from ctx.checkpoint() when there is one.
+std::vector<double> train(cohort::context& ctx, config const& cfg) {
+  torch::manual_seed(11);
+  auto model = ctx.prepare_model(net());
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto& loader = ctx.dataset_shard("train", {.batch_size = 4});
+  if (auto const& ck = ctx.checkpoint()) {
+    cohort::loader_state position;
+    cohort::load_checkpoint(*ck, model, opt, position);
+    loader.restore(position);
+  }
+  while (loader.state().epoch < cfg.epochs) {
+    double loss_sum = 0;
+    for (auto& b : loader.epoch()) {
+      opt.zero_grad();
+      auto loss = torch::mse_loss(model(b.inputs), b.targets);
+      loss.backward();
+      opt.step();
+      loss_sum += loss.item<double>();
+    }
+    if (loader.state().epoch == cfg.fail_at) throw std::runtime_error("injected failure");
+    ctx.report({{"loss", loss_sum}}, cohort::checkpoint_of(model, opt, loader.state()));
+  }
+  std::vector<double> out;
+  for (auto& p : model->parameters()) {
+    auto f = p.detach().flatten().to(torch::kDouble);
+    out.insert(out.end(), f.data_ptr<double>(), f.data_ptr<double>() + f.numel());
+  }
+  return out;
+}
+
+cohort::run_config run(std::filesystem::path const& storage, std::string name) {
+  return {.name = std::move(name), .storage_path = storage.string(), .verbose = 0, .abort_timeout_ms = 30'000};
+}
+
+}  // namespace
+
+TEST_CASE("a run interrupted after a checkpoint and rerun ends bitwise identical to an uninterrupted run", "[torch][checkpoint][mpi]") {
+  auto storage = cohort_test::scratch("resume");
+  cohort::trainer t{train, cohort::datasets{{"train", data()}}, cohort::sharding::shuffled{.seed = 3},
+                    cohort::checkpointing::keep_last{.num_to_keep = 2}};
+  auto straight = t.fit(config{}, run(storage, "straight"));
+  REQUIRE(straight.ok());
+  auto interrupted = t.fit(config{.fail_at = 3}, run(storage, "resumed"));
+  REQUIRE_FALSE(interrupted.ok());
+  CHECK_THAT(*interrupted.error, contains_text("injected failure"));
+  auto resumed = t.fit(config{}, run(storage, "resumed"));  // the same command again
+  REQUIRE(resumed.ok());
+  CHECK(resumed.return_values == straight.return_values);  // bitwise: exact double equality
+  CHECK(resumed.metrics["training_iteration"] == 4);
+  CHECK(resumed.metrics_history.size() == 4);
+  REQUIRE(resumed.checkpoint.has_value());
+  CHECK(resumed.checkpoint->path.filename() == "checkpoint_000004");
+  CHECK(resumed.best_checkpoints.size() == 2);  // keep_last{2}
+  if (cohort_test::world_rank() == 0) {
+    CHECK_FALSE(std::filesystem::exists(storage / "resumed" / "checkpoint_000001"));
+    CHECK(std::filesystem::exists(storage / "resumed" / "checkpoint_000003"));
+  }
+}
+
+TEST_CASE("keep_best retains the best k by metric plus the latest, listed best first", "[torch][checkpoint][mpi]") {
+  auto storage = cohort_test::scratch("best");
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+                             for (double loss : {5.0, 3.0, 4.0, 1.0, 2.5, 6.0}) ctx.report({{"loss", loss}}, cohort::checkpoint_payload{});
+                           },
+                           cohort::checkpointing::keep_best{.num_to_keep = 2, .metric = "loss", .order = cohort::min}}
+               .fit(nlohmann::json::object(), run(storage, "best"));
+  REQUIRE(r.ok());
+  REQUIRE(r.best_checkpoints.size() == 3);
+  CHECK(r.best_checkpoints[0].metrics["loss"] == 1.0);
+  CHECK(r.best_checkpoints[1].metrics["loss"] == 2.5);
+  CHECK(r.best_checkpoints[2].metrics["loss"] == 6.0);  // the latest, kept for resume
+  CHECK(r.checkpoint->metrics["training_iteration"] == 6);
+  if (cohort_test::world_rank() == 0) {
+    std::vector<std::string> names;
+    for (auto const& d : cohort::checkpointing::committed(storage / "best")) names.push_back(d.filename().string());
+    CHECK(names == std::vector<std::string>{"checkpoint_000004", "checkpoint_000005", "checkpoint_000006"});
+  }
+}
+
+TEST_CASE("a checkpoint write that fails on one rank fails the run on every rank and keeps the last good one", "[torch][checkpoint][mpi]") {
+  auto storage = cohort_test::scratch("badwrite");
+  int const last = cohort_test::world_size() - 1;
+  auto r = cohort::trainer{[&](cohort::context& ctx) {
+             ctx.report({{"step", 1}}, cohort::checkpoint_payload{});
+             ctx.report({{"step", 2}}, cohort::checkpoint_payload{[&](std::filesystem::path const&, int rank) {
+                          if (rank == last) throw cohort::error("disk full (injected)");
+                        }});
+           }}.fit(nlohmann::json::object(), run(storage, "badwrite"));
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(*r.error, contains_text("writing checkpoint checkpoint_000002 failed: disk full (injected)"));
+  if (cohort_test::world_rank() == 0) {
+    CHECK(cohort::checkpointing::latest_good(storage / "badwrite")->path().filename() == "checkpoint_000001");
+    CHECK_FALSE(std::filesystem::exists(storage / "badwrite" / "checkpoint_000002"));
+  }
+}
+
+TEST_CASE("model.pt is a pickled state dict that torch::pickle_load (and Python's torch.load) reads", "[torch][checkpoint]") {
+  auto dir = std::filesystem::temp_directory_path() / "cohort_tests" / ("pickle_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  torch::manual_seed(1);
+  net model;
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  cohort::checkpoint_of(model, opt, 7).write(dir, 0);
+  std::ifstream in(dir / "model.pt", std::ios::binary);
+  std::vector<char> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  auto dict = torch::pickle_load(bytes).toGenericDict();
+  CHECK(torch::equal(dict.at("l1.weight").toTensor(), model->l1->weight));
+  CHECK(nlohmann::json::parse(std::ifstream(dir / "state.json"))["values"][0] == 7);
+}
