@@ -13,6 +13,8 @@
 #include <functional>
 #include <iostream>
 #include <optional>
+#include <thread>
+#include <utility>
 #include <span>
 #include <string>
 #include <vector>
@@ -54,6 +56,12 @@ struct report_state {
   std::int64_t reports_this_attempt = 0;
   std::vector<nlohmann::json> history;  ///< rank 0 only; broadcast at the end of fit()
   std::vector<checkpointing::record> checkpoints;  ///< rank 0: retained, oldest first
+  checkpoint_mode mode = checkpoint_mode::sync;
+  // Async mode: the checkpoint this rank's writer is writing, and the one written on every rank
+  // (agreed) that rank 0 commits next. The writer thread makes no MPI call.
+  std::thread worker;
+  std::string worker_error;
+  std::optional<std::pair<std::int64_t, nlohmann::json>> writing, to_commit;
 
   static void check_metrics(nlohmann::json const& metrics) {
     if (!metrics.is_object())
@@ -90,33 +98,101 @@ struct report_state {
   /// its files into one staging directory, the ranks agree that all writes succeeded, rank 0
   /// commits (manifest, fsync, rename) and applies the retention policy, and the ranks agree on
   /// the commit. Any failure is a cohort::error on every rank; committed checkpoints are intact.
+  /// In async mode the writing and rank 0's commit run on a background thread; the agreement on
+  /// checkpoint k happens at the next checkpointed report or at the end of fit (flush()).
   void report(nlohmann::json metrics, checkpoint_payload const& payload) {
     check_metrics(metrics);
     auto const iteration = count + 1;
-    auto const staging = run_path / ".staging" / (staging_prefix + checkpointing::dir_name(iteration));
+    nlohmann::json row = row_of(std::move(metrics));
+    if (mode == checkpoint_mode::async) {
+      settle_writes();  // at most one checkpoint in flight
+      auto commit_first = rank == 0 ? std::exchange(to_commit, std::nullopt) : std::nullopt;
+      to_commit.reset();
+      writing = std::pair{iteration, row};
+      worker = std::thread([this, commit_first, iteration, payload] {
+        try {
+          if (commit_first) commit_now(commit_first->first, commit_first->second);
+          write_now(iteration, payload);
+        } catch (std::exception const& e) {
+          worker_error = e.what();
+        }
+      });
+      record(std::move(row));
+      return;
+    }
     std::optional<std::string> err;
     try {
-      std::filesystem::create_directories(staging);
-      if (payload.write) payload.write(staging, rank);
+      write_now(iteration, payload);
     } catch (std::exception const& e) {
-      err = std::string("writing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what();
+      err = e.what();
     }
     if (auto e = agree_on(err)) throw cohort::error(*e);
-    nlohmann::json row = row_of(std::move(metrics));
     if (rank == 0) {
       try {
-        checkpointing::commit(staging, run_path / checkpointing::dir_name(iteration),
-                              {{"training_iteration", iteration}, {"metrics", row}});
-        checkpoints.push_back({static_cast<std::size_t>(iteration), row});
-        apply_retention();
+        commit_now(iteration, row);
       } catch (std::exception const& e) {
-        err = std::string("committing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what();
-        std::error_code ec;
-        std::filesystem::remove_all(staging, ec);
+        err = e.what();
       }
     }
     if (auto e = agree_on(err)) throw cohort::error(*e);
     record(std::move(row));
+  }
+
+  /// Async mode: waits for this rank's writer, agrees on its outcome, and commits what is still
+  /// pending. Collective; fit() calls it after the functor returns. A no-op in sync mode.
+  void flush() {
+    settle_writes();
+    std::optional<std::string> err;
+    if (rank == 0 && to_commit) {
+      try {
+        commit_now(to_commit->first, to_commit->second);
+      } catch (std::exception const& e) {
+        err = e.what();
+      }
+    }
+    to_commit.reset();
+    if (auto e = agree_on(err)) throw cohort::error(*e);
+  }
+
+  ~report_state() {
+    if (worker.joinable()) worker.join();
+  }
+
+  std::filesystem::path staging_of(std::int64_t iteration) const {
+    return run_path / ".staging" / (staging_prefix + checkpointing::dir_name(iteration));
+  }
+
+  void write_now(std::int64_t iteration, checkpoint_payload const& payload) {
+    try {
+      std::filesystem::create_directories(staging_of(iteration));
+      if (payload.write) payload.write(staging_of(iteration), rank);
+    } catch (std::exception const& e) {
+      throw cohort::error(std::string("writing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what());
+    }
+  }
+
+  /// Rank 0.
+  void commit_now(std::int64_t iteration, nlohmann::json const& row) {
+    try {
+      checkpointing::commit(staging_of(iteration), run_path / checkpointing::dir_name(iteration),
+                            {{"training_iteration", iteration}, {"metrics", row}});
+    } catch (std::exception const& e) {
+      std::error_code ec;
+      std::filesystem::remove_all(staging_of(iteration), ec);
+      throw cohort::error(std::string("committing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what());
+    }
+    checkpoints.push_back({static_cast<std::size_t>(iteration), row});
+    apply_retention();
+  }
+
+  /// Joins the writer and agrees on its outcome; what it wrote becomes rank 0's next commit.
+  void settle_writes() {
+    if (!worker.joinable() && !writing) return;
+    if (worker.joinable()) worker.join();
+    std::optional<std::string> err;
+    if (!worker_error.empty()) err = std::exchange(worker_error, std::string{});
+    if (auto e = agree_on(err)) throw cohort::error(*e);
+    if (writing) to_commit = std::exchange(writing, std::nullopt);
   }
 
   /// Rank 0: deletes the committed checkpoints the policy does not keep.

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <string>
 
+#include "cohort/checkpointing/payload.hpp"
+
 namespace cohort {
 
 /// Where and how a run records itself (Ray's RunConfig).
@@ -18,6 +20,8 @@ struct run_config {
   /// A checkpoint directory to resume from. Empty: resume from the latest good checkpoint of this
   /// run directory, if there is one (rerunning the same command resumes, as in Ray Train).
   std::string resume_from_checkpoint{};
+  /// Write checkpoints before report() returns (sync) or in the background (async).
+  cohort::checkpoint_mode checkpoint_mode = cohort::checkpoint_mode::sync;
 };
 
 }  // namespace cohort

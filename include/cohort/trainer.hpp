@@ -219,6 +219,7 @@ class trainer {
     reports.rank = rank;
     reports.run_path = run_path;
     reports.control = &control;
+    reports.mode = run.checkpoint_mode;
     reports.retain = [policy = checkpointing()](std::span<cohort::checkpointing::record const> all) { return policy.retain(all); };
     std::string resume_text;  // rank 0: {"path", "iteration"} of the checkpoint to resume from
     if (!err && rank == 0) {
@@ -262,6 +263,7 @@ class trainer {
       } else {
         value.emplace(invoke_fn(ctx, *param));
       }
+      reports.flush();  // async checkpoints still in flight
     } catch (std::exception const& e) {
       failure = e.what();
     } catch (...) {

@@ -2,6 +2,8 @@
 // best-K, a failing checkpoint write, and model files Python can read.
 #include <cohort/cohort.hpp>
 
+#include <future>
+
 #include "../catch.hpp"
 #include "../support.hpp"
 
@@ -56,22 +58,27 @@ std::vector<double> train(cohort::context& ctx, config const& cfg) {
   return out;
 }
 
-cohort::run_config run(std::filesystem::path const& storage, std::string name) {
-  return {.name = std::move(name), .storage_path = storage.string(), .verbose = 0, .abort_timeout_ms = 30'000};
+cohort::run_config run(std::filesystem::path const& storage, std::string name,
+                       cohort::checkpoint_mode mode = cohort::checkpoint_mode::sync) {
+  return {.name = std::move(name), .storage_path = storage.string(), .verbose = 0, .abort_timeout_ms = 30'000,
+          .resume_from_checkpoint = "", .checkpoint_mode = mode};
 }
 
 }  // namespace
 
 TEST_CASE("a run interrupted after a checkpoint and rerun ends bitwise identical to an uninterrupted run", "[torch][checkpoint][mpi]") {
   auto storage = cohort_test::scratch("resume");
+  auto mode = GENERATE(cohort::checkpoint_mode::sync, cohort::checkpoint_mode::async);
+  CAPTURE(static_cast<int>(mode));
+  std::string const tag = mode == cohort::checkpoint_mode::sync ? "sync" : "async";
   cohort::trainer t{train, cohort::datasets{{"train", data()}}, cohort::sharding::shuffled{.seed = 3},
                     cohort::checkpointing::keep_last{.num_to_keep = 2}};
-  auto straight = t.fit(config{}, run(storage, "straight"));
+  auto straight = t.fit(config{}, run(storage, "straight_" + tag, mode));
   REQUIRE(straight.ok());
-  auto interrupted = t.fit(config{.fail_at = 3}, run(storage, "resumed"));
+  auto interrupted = t.fit(config{.fail_at = 3}, run(storage, "resumed_" + tag, mode));
   REQUIRE_FALSE(interrupted.ok());
   CHECK_THAT(*interrupted.error, contains_text("injected failure"));
-  auto resumed = t.fit(config{}, run(storage, "resumed"));  // the same command again
+  auto resumed = t.fit(config{}, run(storage, "resumed_" + tag, mode));  // the same command again
   REQUIRE(resumed.ok());
   CHECK(resumed.return_values == straight.return_values);  // bitwise: exact double equality
   CHECK(resumed.metrics["training_iteration"] == 4);
@@ -80,8 +87,8 @@ TEST_CASE("a run interrupted after a checkpoint and rerun ends bitwise identical
   CHECK(resumed.checkpoint->path.filename() == "checkpoint_000004");
   CHECK(resumed.best_checkpoints.size() == 2);  // keep_last{2}
   if (cohort_test::world_rank() == 0) {
-    CHECK_FALSE(std::filesystem::exists(storage / "resumed" / "checkpoint_000001"));
-    CHECK(std::filesystem::exists(storage / "resumed" / "checkpoint_000003"));
+    CHECK_FALSE(std::filesystem::exists(storage / ("resumed_" + tag) / "checkpoint_000001"));
+    CHECK(std::filesystem::exists(storage / ("resumed_" + tag) / "checkpoint_000003"));
   }
 }
 
@@ -135,4 +142,30 @@ TEST_CASE("model.pt is a pickled state dict that torch::pickle_load (and Python'
   auto dict = torch::pickle_load(bytes).toGenericDict();
   CHECK(torch::equal(dict.at("l1.weight").toTensor(), model->l1->weight));
   CHECK(nlohmann::json::parse(std::ifstream(dir / "state.json"))["values"][0] == 7);
+}
+
+TEST_CASE("async checkpoints are written while training goes on, and all are committed by the end", "[torch][checkpoint][mpi]") {
+  auto storage = cohort_test::scratch("async");
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+             for (int k = 0; k < 3; ++k) {
+               auto released = std::make_shared<std::promise<void>>();
+               ctx.report({{"k", k}}, cohort::checkpoint_payload{[released](std::filesystem::path const& dir, int) {
+                            // Waits until the training thread has gone on past report() (5 s at most):
+                            // in sync mode this would time out and write 0.
+                            auto ok = released->get_future().wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+                            std::ofstream(dir / "w.txt") << ok;
+                          }});
+               released->set_value();  // training continues while the writer waits for this
+             }
+           }}.fit(nlohmann::json::object(), run(storage, "async", cohort::checkpoint_mode::async));
+  REQUIRE(r.ok());
+  REQUIRE(r.best_checkpoints.size() == 3);
+  if (cohort_test::world_rank() == 0)
+    for (auto const& c : r.best_checkpoints) {
+      CHECK_FALSE(cohort::checkpointing::verify(c.path).has_value());
+      std::ifstream in(c.path / "w.txt");
+      int ok = 0;
+      in >> ok;
+      CHECK(ok == 1);  // the write finished after report() had returned
+    }
 }

@@ -14,4 +14,12 @@ struct checkpoint_payload {
   std::function<void(std::filesystem::path const& dir, int rank)> write;
 };
 
+/// When checkpoint files are written.
+enum class checkpoint_mode {
+  sync,   ///< report() returns once the checkpoint is committed on disk
+  async,  ///< report() returns once the state is captured (checkpoint_of copies it); the files are
+          ///< written and committed by a background thread on each rank while training goes on,
+          ///< at most one checkpoint in flight; the next report (or the end of fit) waits for it
+};
+
 }  // namespace cohort
