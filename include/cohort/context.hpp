@@ -141,6 +141,7 @@ struct report_state {
   /// Async mode: waits for this rank's writer, agrees on its outcome, and commits what is still
   /// pending. Collective; fit() calls it after the functor returns. A no-op in sync mode.
   void flush() {
+    if (mode != checkpoint_mode::async || (!worker.joinable() && !writing && !to_commit)) return;  // same on every rank
     settle_writes();
     std::optional<std::string> err;
     if (rank == 0 && to_commit) {
