@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <ctime>
 #include <any>
+#include <atomic>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -37,7 +38,24 @@
 
 namespace cohort {
 
+/// The exit code for a run that stopped because it was asked to (SIGTERM or SIGINT) after
+/// committing its checkpoint: EX_TEMPFAIL, "try again". cohort-run reruns it.
+inline constexpr int exit_code_preempted = 75;
+
 namespace detail {
+
+/// The signal (SIGTERM, SIGINT) this process received during fit(), 0 if none.
+inline std::atomic<int>& stop_signal() {
+  static std::atomic<int> s{0};
+  return s;
+}
+
+/// Thrown by report() on every rank once any rank has received SIGTERM or SIGINT (after the
+/// report's checkpoint, if any, is committed); fit() turns it into result::preempted.
+struct preempted {
+  int signal = 0;
+  std::int64_t iteration = 0;
+};
 
 /// The report bookkeeping of one fit() on one rank. Rank 0 owns the run directory and the
 /// checkpoints; every rank counts its reports so fit() can check that all reported equally often.
@@ -92,6 +110,17 @@ struct report_state {
   void report(nlohmann::json metrics) {
     check_metrics(metrics);
     record(dir ? row_of(std::move(metrics)) : nlohmann::json());
+    if (int s = stop_signal().load()) throw preempted{s, count};  // no communication on a plain report
+  }
+
+  /// A checkpointed report is a step boundary: if any rank received SIGTERM/SIGINT, every rank
+  /// commits what is in flight and stops (one small allreduce over the control communicator).
+  void stop_if_asked() {
+    std::int32_t s = stop_signal().load();
+    control->allreduce(&s, 1, comm::reduce_op::max);
+    if (s == 0) return;
+    flush();
+    throw preempted{s, count};
   }
 
   /// A report with a checkpoint. Collective over the control communicator: every rank writes
@@ -118,6 +147,7 @@ struct report_state {
         }
       });
       record(std::move(row));
+      stop_if_asked();
       return;
     }
     std::optional<std::string> err;
@@ -136,6 +166,7 @@ struct report_state {
     }
     if (auto e = agree_on(err)) throw cohort::error(*e);
     record(std::move(row));
+    stop_if_asked();
   }
 
   /// Async mode: waits for this rank's writer, agrees on its outcome, and commits what is still

@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -114,6 +115,27 @@ std::optional<std::string> agree(C& comm, std::optional<std::string> const& loca
   if (first && !same) return "rank " + std::to_string(first_rank) + ": " + *first;
   return first;
 }
+
+/// Installs SIGTERM/SIGINT handlers that only record the signal, for the duration of fit();
+/// the previous handlers are restored afterwards.
+struct signal_guard {
+  static void on_signal(int s) { stop_signal().store(s); }
+  signal_guard() {
+    stop_signal().store(0);
+    struct sigaction sa {};
+    sa.sa_handler = &on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGINT, &sa, &old_int);
+  }
+  signal_guard(signal_guard const&) = delete;
+  signal_guard& operator=(signal_guard const&) = delete;
+  ~signal_guard() {
+    sigaction(SIGTERM, &old_term, nullptr);
+    sigaction(SIGINT, &old_int, nullptr);
+  }
+  struct sigaction old_term {}, old_int {};
+};
 
 inline std::string utc_stamp() {
   std::time_t t = std::time(nullptr);
@@ -255,7 +277,9 @@ class trainer {
 
     // The functor. Any exception is held until every rank has finished.
     std::optional<std::string> failure;
+    bool preempted = false;
     std::optional<std::conditional_t<std::is_void_v<return_type>, detail::no_return, return_type>> value;
+    detail::signal_guard signals;  // SIGTERM/SIGINT: stop at the next report, on every rank
     try {
       if constexpr (std::is_void_v<return_type>) {
         invoke_fn(ctx, *param);
@@ -264,6 +288,10 @@ class trainer {
         value.emplace(invoke_fn(ctx, *param));
       }
       reports.flush();  // async checkpoints still in flight
+    } catch (detail::preempted const& p) {
+      preempted = true;
+      failure = std::string("stopped by ") + (p.signal == SIGINT ? "SIGINT" : "SIGTERM") + " after report " +
+                std::to_string(p.iteration) + " (its checkpoint, if any, is committed): rerun the same command to resume";
     } catch (std::exception const& e) {
       failure = e.what();
     } catch (...) {
@@ -277,6 +305,7 @@ class trainer {
     else req.wait();
     if (status[0] != 0) {
       auto e = detail::agree(control, failure);
+      out.preempted = preempted;
       return fail(std::move(out), *e, rank);
     }
     if (status[1] != -status[2])

@@ -1,0 +1,71 @@
+// A training run for the fault-tolerance tests: checkpoints every epoch, resumes from the latest,
+// and can hurt itself once, on a fresh run only: --kill-at K (the last rank SIGKILLs itself
+// before report K) or --term-at K (the last rank gets SIGTERM before report K). Rank 0 writes
+// the final parameters to <storage>/<name>.params.json.
+#include <cohort/cohort.hpp>
+
+#include <csignal>
+#include <fstream>
+
+namespace {
+
+struct netImpl : torch::nn::Module {
+  netImpl() : l1(register_module("l1", torch::nn::Linear(3, 6))), l2(register_module("l2", torch::nn::Linear(6, 1))) {}
+  torch::Tensor forward(torch::Tensor x) { return l2(torch::tanh(l1(x))); }
+  torch::nn::Linear l1, l2;
+};
+TORCH_MODULE(net);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cohort::environment env{argc, argv};
+  std::string storage = "runs", name = "fault";
+  int epochs = 5, kill_at = -1, term_at = -1;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string f = argv[i], v = argv[i + 1];
+    if (f == "--storage") storage = v;
+    else if (f == "--name") name = v;
+    else if (f == "--epochs") epochs = std::stoi(v);
+    else if (f == "--kill-at") kill_at = std::stoi(v);
+    else if (f == "--term-at") term_at = std::stoi(v);
+  }
+  auto x = torch::linspace(-1, 1, 90).reshape({30, 3});
+  cohort::tensor_dataset data{x, x.sum(1, true).sin()};
+
+  auto train = [&](cohort::context& ctx) {
+    torch::manual_seed(11);
+    auto model = ctx.prepare_model(net());
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    auto& loader = ctx.dataset_shard("train", {.batch_size = 4});
+    bool const fresh = !ctx.checkpoint();
+    if (!fresh) {
+      cohort::loader_state position;
+      cohort::load_checkpoint(*ctx.checkpoint(), model, opt, position);
+      loader.restore(position);
+    }
+    bool const hurts = fresh && ctx.world_rank() == ctx.world_size() - 1;
+    while (loader.state().epoch < epochs) {
+      for (auto& b : loader.epoch()) {
+        opt.zero_grad();
+        torch::mse_loss(model(b.inputs), b.targets).backward();
+        opt.step();
+      }
+      auto next = loader.state().epoch;  // the report about to be made
+      if (hurts && next == kill_at) std::raise(SIGKILL);
+      if (hurts && next == term_at) std::raise(SIGTERM);
+      ctx.report({{"epoch", next}}, cohort::checkpoint_of(model, opt, loader.state()));
+    }
+    std::vector<double> params;
+    for (auto& p : model->parameters()) {
+      auto f = p.detach().flatten().to(torch::kDouble);
+      params.insert(params.end(), f.data_ptr<double>(), f.data_ptr<double>() + f.numel());
+    }
+    if (ctx.world_rank() == 0) std::ofstream(std::filesystem::path(storage) / (name + ".params.json")) << nlohmann::json(params).dump();
+  };
+  auto result = cohort::trainer{train, cohort::datasets{{"train", data}}, cohort::sharding::shuffled{.seed = 3},
+                                cohort::checkpointing::keep_last{.num_to_keep = 2}}
+                    .fit(nlohmann::json::object(), {.name = name, .storage_path = storage, .verbose = 0});
+  if (result.preempted) return cohort::exit_code_preempted;
+  return result.ok() ? 0 : 1;
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# fault_tolerance.sh COHORT_RUN PROGRAM SCRATCH MPIEXEC ARGS...
+# 1. an uninterrupted run; 2. the same run with one rank SIGKILLed at epoch 3, relaunched by
+# cohort-run: it must finish with bitwise the same parameters; 3. SIGTERM on one rank at epoch 3:
+# every rank stops with exit code 75 after committing checkpoint 3, and rerunning finishes with
+# the same parameters.
+set -u
+run=$1 prog=$2 scratch=$3
+shift 3
+mpi=("$@")
+rm -rf "$scratch" && mkdir -p "$scratch"
+fail() { echo "FAIL: $*"; exit 1; }
+
+timeout 120 "${mpi[@]}" "$prog" --storage "$scratch" --name straight || fail "the uninterrupted run failed"
+
+out=$(timeout 240 "$run" --max-failures 2 -- "${mpi[@]}" "$prog" --storage "$scratch" --name relaunched --kill-at 3 2>&1)
+rc=$?
+printf '%s\n' "$out" | grep -E "cohort-run|error" | head -5
+[ $rc -eq 0 ] || fail "cohort-run did not complete the killed run (exit $rc)"
+grep -q "cohort-run: restart 1 of 2 because a process was killed\|cohort-run: restart 1 of 2 because it exited" <<<"$out" || fail "cohort-run did not say why it restarted"
+cmp -s "$scratch/straight.params.json" "$scratch/relaunched.params.json" || fail "the relaunched run's parameters differ"
+
+out=$(timeout 120 "${mpi[@]}" "$prog" --storage "$scratch" --name preempted --term-at 3 2>&1)
+rc=$?
+printf '%s\n' "$out" | grep -E "error" | head -5
+[ $rc -ne 0 ] || fail "SIGTERM did not stop the run"
+n=$(grep -c "error: stopped by SIGTERM after report 3" <<<"$out")
+[ "$n" -ge 1 ] || fail "no rank said it stopped on SIGTERM after report 3"
+[ -d "$scratch/preempted/checkpoint_000003" ] || fail "checkpoint 3 was not committed before stopping"
+[ ! -d "$scratch/preempted/checkpoint_000004" ] || fail "the run went on past the stop"
+timeout 120 "${mpi[@]}" "$prog" --storage "$scratch" --name preempted || fail "the rerun after SIGTERM failed"
+cmp -s "$scratch/straight.params.json" "$scratch/preempted.params.json" || fail "the resumed run's parameters differ"
+echo "ok: relaunch after SIGKILL and resume after SIGTERM both equal the uninterrupted run"
