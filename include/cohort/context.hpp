@@ -135,6 +135,7 @@ struct report_state {
     nlohmann::json row = row_of(std::move(metrics));
     if (mode == checkpoint_mode::async) {
       settle_writes();  // at most one checkpoint in flight
+      if (payload.snapshot) payload.snapshot();  // copies: training may change the state now
       auto commit_first = rank == 0 ? std::exchange(to_commit, std::nullopt) : std::nullopt;
       to_commit.reset();
       writing = std::pair{iteration, row};

@@ -71,6 +71,37 @@ inline std::uint32_t file_crc32(std::filesystem::path const& p) {
   return static_cast<std::uint32_t>(crc);
 }
 
+/// Writes `n` bytes to `path`, fsyncs it, and leaves `<path>.crc32` holding the CRC-32 and size
+/// computed while writing, which commit() uses instead of reading the file back. Throws
+/// cohort::error naming the file (a full disk, a file size limit).
+inline void write_checked(std::filesystem::path const& path, void const* data, std::size_t n) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw cohort::error("cannot create " + path.string() + ": check permissions");
+  auto const* p = static_cast<unsigned char const*>(data);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  std::size_t done = 0;
+  while (done < n) {
+    auto chunk = std::min<std::size_t>(n - done, std::size_t{1} << 24);
+    auto w = ::write(fd, p + done, chunk);
+    if (w <= 0) {
+      ::close(fd);
+      throw cohort::error("could not write " + path.string() + " (" + std::to_string(done) + " of " + std::to_string(n) +
+                          " bytes written): check free space");
+    }
+    crc = crc32(crc, p + done, static_cast<uInt>(w));  // while the bytes are in cache
+    done += static_cast<std::size_t>(w);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    throw cohort::error("fsync of " + path.string() + " failed: check free space");
+  }
+  ::close(fd);
+  std::ofstream side(path.string() + ".crc32");
+  side << static_cast<std::uint32_t>(crc) << " " << n << "\n";
+  side.flush();
+  if (!side) throw cohort::error("could not write " + path.string() + ".crc32: check free space");
+}
+
 /// fsync of a file or a directory; throws cohort::error on failure (e.g. a full disk).
 inline void fsync_path(std::filesystem::path const& p) {
   int fd = ::open(p.c_str(), O_RDONLY);
@@ -80,7 +111,8 @@ inline void fsync_path(std::filesystem::path const& p) {
   if (rc != 0) throw cohort::error("fsync of " + p.string() + " failed: check free space");
 }
 
-/// Commits `staging` as `final`: lists every regular file under it (relative path, size, CRC-32)
+/// Commits `staging` as `final`: lists every regular file under it (relative path, size, CRC-32;
+/// taken from the `.crc32` sidecar that write_checked leaves, else computed from the file)
 /// with `metadata` in manifest.json, fsyncs the files, the manifest and the directories, renames
 /// `staging` to `final` and fsyncs the parent. A crash at any point leaves either no `final` or a
 /// complete one. Throws cohort::error (and leaves no `final`) on any failure.
@@ -89,14 +121,26 @@ inline void commit(std::filesystem::path const& staging, std::filesystem::path c
   namespace fs = std::filesystem;
   nlohmann::json files = nlohmann::json::array();
   std::vector<fs::path> dirs{staging};
+  std::vector<fs::path> sidecars;
   for (auto const& e : fs::recursive_directory_iterator(staging)) {
     if (e.is_directory()) dirs.push_back(e.path());
     if (!e.is_regular_file()) continue;
-    fsync_path(e.path());
+    if (e.path().extension() == ".crc32") {
+      sidecars.push_back(e.path());
+      continue;
+    }
+    auto const size = static_cast<std::uint64_t>(e.file_size());
+    std::optional<std::uint32_t> crc;
+    std::ifstream side(e.path().string() + ".crc32");
+    std::uint32_t c = 0;
+    std::uint64_t n = 0;
+    if (side >> c >> n && n == size) crc = c;  // computed by write_checked, already fsynced
+    else fsync_path(e.path());
     files.push_back({{"name", fs::relative(e.path(), staging).generic_string()},
-                     {"size", static_cast<std::uint64_t>(e.file_size())},
-                     {"crc32", file_crc32(e.path())}});
+                     {"size", size},
+                     {"crc32", crc ? *crc : file_crc32(e.path())}});
   }
+  for (auto const& sc : sidecars) fs::remove(sc);
   {
     std::ofstream out(staging / "manifest.json", std::ios::trunc);
     out << nlohmann::json{{"format", 1}, {"files", files}, {"metadata", metadata}}.dump(2) << "\n";

@@ -12,6 +12,10 @@ namespace cohort {
 /// one with cohort::checkpoint_of (LibTorch state) or write your own files.
 struct checkpoint_payload {
   std::function<void(std::filesystem::path const& dir, int rank)> write;
+  /// Copies whatever `write` refers to, so that training may change it while `write` runs on a
+  /// background thread. Called by report() in async mode only (sync mode writes before report()
+  /// returns, from the live state, with no copy). May be empty when `write` owns its data.
+  std::function<void()> snapshot{};
 };
 
 /// When checkpoint files are written.

@@ -1,8 +1,8 @@
 #pragma once
 /// \file
-/// LibTorch state in checkpoints: modules (a state dict in PyTorch's pickle format, so Python's
-/// torch.load opens model.pt), optimizers (LibTorch's archive), JSON values (epoch, step, a
-/// loader_state, ...) and torch's CPU random generator state.
+/// LibTorch state in checkpoints: modules (safetensors, which Python opens), optimizers
+/// (LibTorch's archive), JSON values (epoch, step, a loader_state, ...) and torch's CPU random
+/// generator state.
 
 #include <torch/serialize.h>
 #include <torch/torch.h>
@@ -24,6 +24,7 @@
 #include "cohort/checkpointing/checkpoint.hpp"
 #include "cohort/checkpointing/payload.hpp"
 #include "cohort/error.hpp"
+#include "cohort/torch/safetensors.hpp"
 
 namespace cohort {
 
@@ -37,28 +38,38 @@ concept module_like = requires(T const& m) {
 template <class T>
 concept optimizer_like = std::is_base_of_v<torch::optim::Optimizer, std::remove_cvref_t<T>>;
 
-/// What checkpoint_of captured at the step boundary: copies, so training may go on while it is
-/// written.
-struct torch_snapshot {
-  std::vector<c10::Dict<std::string, torch::Tensor>> modules;
-  std::vector<std::string> optimizers;  ///< each serialised in memory
+/// What checkpoint_of refers to: live module tensors and optimizers, until snapshot() copies
+/// them (async mode) so training may go on while they are written.
+struct torch_state {
+  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> modules;
+  std::vector<torch::optim::Optimizer const*> optimizers;  ///< live until snapshot()
+  std::vector<std::string> optimizer_bytes;                ///< serialised by snapshot()
   nlohmann::json values = nlohmann::json::array();
   torch::Tensor cpu_rng;
+
+  void snapshot() {
+    for (auto& m : modules)
+      for (auto& [name, t] : m) t = t.clone();
+    for (auto const* o : optimizers) {
+      torch::serialize::OutputArchive archive;
+      o->save(archive);
+      std::ostringstream bytes;
+      archive.save_to(bytes);
+      optimizer_bytes.push_back(bytes.str());
+    }
+    optimizers.clear();
+  }
 };
 
 template <class T>
-void capture(torch_snapshot& s, T const& item) {
+void capture(torch_state& s, T const& item) {
   if constexpr (module_like<T>) {
-    c10::Dict<std::string, torch::Tensor> d;
-    for (auto const& p : item->named_parameters()) d.insert(p.key(), p.value().detach().to(torch::kCPU, false, true));
-    for (auto const& b : item->named_buffers()) d.insert(b.key(), b.value().detach().to(torch::kCPU, false, true));
+    std::vector<std::pair<std::string, torch::Tensor>> d;
+    for (auto const& p : item->named_parameters()) d.emplace_back(p.key(), p.value().detach());
+    for (auto const& b : item->named_buffers()) d.emplace_back(b.key(), b.value().detach());
     s.modules.push_back(std::move(d));
   } else if constexpr (optimizer_like<T>) {
-    torch::serialize::OutputArchive archive;
-    item.save(archive);
-    std::ostringstream bytes;
-    archive.save_to(bytes);
-    s.optimizers.push_back(bytes.str());
+    s.optimizers.push_back(&item);
   } else {
     s.values.push_back(nlohmann::json(item));
   }
@@ -77,26 +88,30 @@ inline std::vector<char> read_bytes(std::filesystem::path const& p) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-inline std::string numbered(char const* stem, std::size_t i) {
-  return std::string(stem) + (i == 0 ? std::string() : "_" + std::to_string(i)) + ".pt";
+inline std::string numbered(char const* stem, std::size_t i, char const* ext) {
+  return std::string(stem) + (i == 0 ? std::string() : "_" + std::to_string(i)) + ext;
 }
 
 template <class T>
 void restore(std::filesystem::path const& dir, std::size_t& module_i, std::size_t& optimizer_i, std::size_t& value_i,
              nlohmann::json const& values, T& item) {
   if constexpr (module_like<T>) {
-    auto d = torch::pickle_load(read_bytes(dir / numbered("model", module_i++))).toGenericDict();
+    auto file = dir / numbered("model", module_i++, ".safetensors");
+    auto saved = safetensors::load(file);
     torch::NoGradGuard no_grad;
     auto load = [&](std::string const& name, torch::Tensor& t) {
-      auto it = d.find(name);
-      if (it == d.end()) throw cohort::error("checkpoint " + dir.string() + " has no tensor '" + name + "': it was saved from another model");
-      t.copy_(it->value().toTensor());
+      for (auto const& [n, v] : saved)
+        if (n == name) {
+          t.copy_(v);
+          return;
+        }
+      throw cohort::error("checkpoint file " + file.string() + " has no tensor '" + name + "': it was saved from another model");
     };
     for (auto& p : item->named_parameters()) load(p.key(), p.value());
     for (auto& b : item->named_buffers()) load(b.key(), b.value());
   } else if constexpr (optimizer_like<T>) {
     torch::serialize::InputArchive archive;
-    archive.load_from((dir / numbered("optimizer", optimizer_i++)).string());
+    archive.load_from((dir / numbered("optimizer", optimizer_i++, ".pt")).string());
     item.load(archive);
   } else {
     if (value_i >= values.size()) throw cohort::error("checkpoint " + dir.string() + " holds fewer values than requested");
@@ -106,29 +121,39 @@ void restore(std::filesystem::path const& dir, std::size_t& module_i, std::size_
 
 }  // namespace detail
 
-/// A checkpoint of LibTorch state, captured now (copies): modules (as model.pt, model_1.pt, ...),
-/// optimizers (optimizer.pt, ...), any JSON-convertible values (state.json, in order) and
-/// torch's CPU random generator (rng.pt). Rank 0 writes them: they are replicated. Pass it to
-/// `ctx.report(metrics, cohort::checkpoint_of(model, optimizer, epoch))`; read it back with
+/// A checkpoint of LibTorch state: modules (model.safetensors, model_1.safetensors, ...: Python
+/// opens them with safetensors.torch.load_file), optimizers (optimizer.pt, ...: LibTorch's
+/// archive), any JSON-convertible values (state.json, in order) and torch's CPU random
+/// generator (rng.pt). Rank 0 writes them: they are replicated. In sync mode they are written
+/// from the live tensors before report() returns; in async mode report() first copies them.
+/// Use: `ctx.report(metrics, cohort::checkpoint_of(model, optimizer, epoch))`; read back with
 /// `cohort::load_checkpoint(*ctx.checkpoint(), model, optimizer, epoch)`.
 template <class... Items>
 checkpoint_payload checkpoint_of(Items const&... items) {
-  auto snap = std::make_shared<detail::torch_snapshot>();
-  (detail::capture(*snap, items), ...);
-  snap->cpu_rng = at::detail::getDefaultCPUGenerator().get_state().clone();
-  return {[snap](std::filesystem::path const& dir, int rank) {
+  auto st = std::make_shared<detail::torch_state>();
+  (detail::capture(*st, items), ...);
+  st->cpu_rng = at::detail::getDefaultCPUGenerator().get_state().clone();
+  checkpoint_payload p;
+  p.snapshot = [st] { st->snapshot(); };
+  p.write = [st](std::filesystem::path const& dir, int rank) {
     if (rank != 0) return;
-    for (std::size_t i = 0; i < snap->modules.size(); ++i) {
-      auto bytes = torch::pickle_save(snap->modules[i]);
-      detail::write_bytes(dir / detail::numbered("model", i), bytes.data(), bytes.size());
+    for (std::size_t i = 0; i < st->modules.size(); ++i) safetensors::save(dir / detail::numbered("model", i, ".safetensors"), st->modules[i]);
+    auto optimizer_bytes = st->optimizer_bytes;  // async: serialised by snapshot(); sync: now
+    for (auto const* o : st->optimizers) {
+      torch::serialize::OutputArchive archive;
+      o->save(archive);
+      std::ostringstream bytes;
+      archive.save_to(bytes);
+      optimizer_bytes.push_back(bytes.str());
     }
-    for (std::size_t i = 0; i < snap->optimizers.size(); ++i)
-      detail::write_bytes(dir / detail::numbered("optimizer", i), snap->optimizers[i].data(), snap->optimizers[i].size());
-    auto state = nlohmann::json{{"values", snap->values}}.dump(2);
-    detail::write_bytes(dir / "state.json", state.data(), state.size());
-    auto rng = torch::pickle_save(snap->cpu_rng);
-    detail::write_bytes(dir / "rng.pt", rng.data(), rng.size());
-  }};
+    for (std::size_t i = 0; i < optimizer_bytes.size(); ++i)
+      checkpointing::write_checked(dir / detail::numbered("optimizer", i, ".pt"), optimizer_bytes[i].data(), optimizer_bytes[i].size());
+    auto state = nlohmann::json{{"values", st->values}}.dump(2);
+    checkpointing::write_checked(dir / "state.json", state.data(), state.size());
+    auto rng = torch::pickle_save(st->cpu_rng);
+    checkpointing::write_checked(dir / "rng.pt", rng.data(), rng.size());
+  };
+  return p;
 }
 
 /// Loads what checkpoint_of saved into `items` (the same kinds, in the same order) and restores

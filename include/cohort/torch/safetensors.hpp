@@ -1,0 +1,103 @@
+#pragma once
+/// \file
+/// safetensors files (Hugging Face's format, read by Python's `safetensors.torch.load_file`):
+/// an 8-byte little-endian header length, a JSON header naming each tensor's dtype, shape and
+/// byte range, then the raw bytes. Written from the tensors' memory in one pass.
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/checkpointing/checkpoint.hpp"
+#include "cohort/error.hpp"
+
+namespace cohort::safetensors {
+
+namespace detail {
+inline std::string dtype_name(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return "F32";
+    case torch::kDouble: return "F64";
+    case torch::kHalf: return "F16";
+    case torch::kBFloat16: return "BF16";
+    case torch::kLong: return "I64";
+    case torch::kInt: return "I32";
+    case torch::kShort: return "I16";
+    case torch::kChar: return "I8";
+    case torch::kByte: return "U8";
+    case torch::kBool: return "BOOL";
+    default: throw cohort::error(std::string("safetensors: unsupported dtype ") + c10::toString(t));
+  }
+}
+inline torch::ScalarType dtype_of(std::string const& s) {
+  for (auto t : {torch::kFloat, torch::kDouble, torch::kHalf, torch::kBFloat16, torch::kLong, torch::kInt, torch::kShort,
+                 torch::kChar, torch::kByte, torch::kBool})
+    if (dtype_name(t) == s) return t;
+  throw cohort::error("safetensors: unsupported dtype " + s);
+}
+}  // namespace detail
+
+/// Writes `tensors` (name, CPU tensor) to `path` with checkpointing::write_checked (fsynced, with
+/// its CRC-32 sidecar). Contiguous CPU tensors are written from their own memory.
+inline void save(std::filesystem::path const& path, std::vector<std::pair<std::string, torch::Tensor>> const& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  std::vector<torch::Tensor> data;
+  std::uint64_t offset = 0;
+  for (auto const& [name, t0] : tensors) {
+    auto t = t0.detach().to(torch::kCPU).contiguous();
+    auto bytes = static_cast<std::uint64_t>(t.nbytes());
+    header[name] = {{"dtype", detail::dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    data.push_back(std::move(t));
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');
+  std::vector<char> out(8 + h.size() + offset);
+  std::uint64_t n = h.size();
+  for (int k = 0; k < 8; ++k) out[static_cast<std::size_t>(k)] = static_cast<char>((n >> (8 * k)) & 0xff);
+  std::memcpy(out.data() + 8, h.data(), h.size());
+  char* p = out.data() + 8 + h.size();
+  for (auto const& t : data) {
+    std::memcpy(p, t.data_ptr(), t.nbytes());
+    p += t.nbytes();
+  }
+  checkpointing::write_checked(path, out.data(), out.size());
+}
+
+/// Reads a safetensors file into (name, tensor) pairs, in file order. Throws cohort::error
+/// naming the file when it is not a valid safetensors file.
+inline std::vector<std::pair<std::string, torch::Tensor>> load(std::filesystem::path const& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw cohort::error(path.string() + ": cannot open");
+  std::vector<char> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (bytes.size() < 8) throw cohort::error(path.string() + ": too short for a safetensors file");
+  std::uint64_t n = 0;
+  for (int k = 0; k < 8; ++k) n |= std::uint64_t{static_cast<unsigned char>(bytes[static_cast<std::size_t>(k)])} << (8 * k);
+  if (8 + n > bytes.size()) throw cohort::error(path.string() + ": header length " + std::to_string(n) + " past the end of the file");
+  auto header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n), nullptr, false);
+  if (!header.is_object()) throw cohort::error(path.string() + ": the header is not a JSON object");
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  char const* base = bytes.data() + 8 + n;
+  for (auto const& [name, v] : header.items()) {
+    if (name == "__metadata__") continue;
+    auto b = v["data_offsets"][0].get<std::uint64_t>(), e = v["data_offsets"][1].get<std::uint64_t>();
+    if (8 + n + e > bytes.size() || b > e) throw cohort::error(path.string() + ": tensor '" + name + "' lies past the end of the file");
+    auto shape = v["shape"].get<std::vector<std::int64_t>>();
+    auto t = torch::empty(shape, torch::TensorOptions().dtype(detail::dtype_of(v["dtype"].get<std::string>())));
+    if (static_cast<std::uint64_t>(t.nbytes()) != e - b) throw cohort::error(path.string() + ": tensor '" + name + "' has a wrong byte count");
+    std::memcpy(t.data_ptr(), base + b, e - b);
+    out.emplace_back(name, std::move(t));
+  }
+  return out;
+}
+
+}  // namespace cohort::safetensors
