@@ -5,7 +5,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${COHORT_BUILD_DIR:-$root/build}
 
 packages=(build-essential cmake ninja-build ccache zlib1g-dev libtorch-dev libopenmpi-dev openmpi-bin
-          librange-v3-dev catch2 libbenchmark-dev nlohmann-json3-dev dataset-fashion-mnist)
+          librange-v3-dev libxxhash-dev catch2 libbenchmark-dev nlohmann-json3-dev dataset-fashion-mnist)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

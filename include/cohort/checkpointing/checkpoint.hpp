@@ -1,12 +1,14 @@
 #pragma once
 /// \file
 /// Checkpoints on disk: a directory `checkpoint_<iteration>` committed atomically (files written
-/// into a staging directory, fsynced, listed with size and CRC-32 in manifest.json, then renamed),
+/// into a staging directory, fsynced, listed with size and XXH3-64 checksum in manifest.json, then
+/// renamed),
 /// verified against its manifest when loaded.
 
 #include <fcntl.h>
 #include <unistd.h>
-#include <zlib.h>
+#define XXH_INLINE_ALL  // header-only use of xxHash: nothing to link
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -57,49 +59,76 @@ inline std::string dir_name(std::int64_t iteration) {
   return buf;
 }
 
-/// CRC-32 (zlib) of a file's bytes.
-inline std::uint32_t file_crc32(std::filesystem::path const& p) {
+/// Streaming XXH3-64 (xxHash): the checksum of checkpoint files (chosen over CRC-32 for speed:
+/// docs/benchmarks.md).
+class hasher {
+ public:
+  hasher() : state_(XXH3_createState()) { XXH3_64bits_reset(state_); }
+  hasher(hasher const&) = delete;
+  hasher& operator=(hasher const&) = delete;
+  ~hasher() { XXH3_freeState(state_); }
+  void update(void const* data, std::size_t n) { XXH3_64bits_update(state_, data, n); }
+  /// The digest as 16 hex digits.
+  std::string hex() const {
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(XXH3_64bits_digest(state_)));
+    return buf;
+  }
+
+ private:
+  XXH3_state_t* state_;
+};
+
+/// XXH3-64 of a file's bytes, as 16 hex digits.
+inline std::string file_hash(std::filesystem::path const& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) throw cohort::error("cannot read " + p.string());
-  uLong crc = crc32(0L, Z_NULL, 0);
+  hasher h;
   std::vector<char> buf(1 << 20);
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    auto n = in.gcount();
-    if (n > 0) crc = crc32(crc, reinterpret_cast<Bytef const*>(buf.data()), static_cast<uInt>(n));
+    if (auto n = in.gcount(); n > 0) h.update(buf.data(), static_cast<std::size_t>(n));
   }
-  return static_cast<std::uint32_t>(crc);
+  return h.hex();
 }
 
-/// Writes `n` bytes to `path`, fsyncs it, and leaves `<path>.crc32` holding the CRC-32 and size
-/// computed while writing, which commit() uses instead of reading the file back. Throws
-/// cohort::error naming the file (a full disk, a file size limit).
-inline void write_checked(std::filesystem::path const& path, void const* data, std::size_t n) {
+/// Writes pieces of memory, in order, to `path`, fsyncs it, and leaves `<path>.xxh3` holding the
+/// checksum and size computed while writing, which commit() uses instead of reading the file
+/// back. Throws cohort::error naming the file (a full disk, a file size limit).
+inline void write_checked(std::filesystem::path const& path, std::vector<std::pair<void const*, std::size_t>> const& pieces) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw cohort::error("cannot create " + path.string() + ": check permissions");
-  auto const* p = static_cast<unsigned char const*>(data);
-  uLong crc = crc32(0L, Z_NULL, 0);
-  std::size_t done = 0;
-  while (done < n) {
-    auto chunk = std::min<std::size_t>(n - done, std::size_t{1} << 24);
-    auto w = ::write(fd, p + done, chunk);
-    if (w <= 0) {
-      ::close(fd);
-      throw cohort::error("could not write " + path.string() + " (" + std::to_string(done) + " of " + std::to_string(n) +
-                          " bytes written): check free space");
+  hasher h;
+  std::size_t total = 0;
+  for (auto const& [data, n] : pieces) {
+    auto const* p = static_cast<unsigned char const*>(data);
+    std::size_t done = 0;
+    while (done < n) {
+      auto w = ::write(fd, p + done, std::min<std::size_t>(n - done, std::size_t{1} << 24));
+      if (w <= 0) {
+        ::close(fd);
+        throw cohort::error("could not write " + path.string() + " (" + std::to_string(total + done) +
+                            " bytes written): check free space");
+      }
+      h.update(p + done, static_cast<std::size_t>(w));  // while the bytes are in cache
+      done += static_cast<std::size_t>(w);
     }
-    crc = crc32(crc, p + done, static_cast<uInt>(w));  // while the bytes are in cache
-    done += static_cast<std::size_t>(w);
+    total += n;
   }
   if (::fsync(fd) != 0) {
     ::close(fd);
     throw cohort::error("fsync of " + path.string() + " failed: check free space");
   }
   ::close(fd);
-  std::ofstream side(path.string() + ".crc32");
-  side << static_cast<std::uint32_t>(crc) << " " << n << "\n";
+  std::ofstream side(path.string() + ".xxh3");
+  side << h.hex() << " " << total << "\n";
   side.flush();
-  if (!side) throw cohort::error("could not write " + path.string() + ".crc32: check free space");
+  if (!side) throw cohort::error("could not write " + path.string() + ".xxh3: check free space");
+}
+
+/// write_checked of one piece of memory.
+inline void write_checked(std::filesystem::path const& path, void const* data, std::size_t n) {
+  write_checked(path, std::vector<std::pair<void const*, std::size_t>>{{data, n}});
 }
 
 /// fsync of a file or a directory; throws cohort::error on failure (e.g. a full disk).
@@ -111,8 +140,8 @@ inline void fsync_path(std::filesystem::path const& p) {
   if (rc != 0) throw cohort::error("fsync of " + p.string() + " failed: check free space");
 }
 
-/// Commits `staging` as `final`: lists every regular file under it (relative path, size, CRC-32;
-/// taken from the `.crc32` sidecar that write_checked leaves, else computed from the file)
+/// Commits `staging` as `final`: lists every regular file under it (relative path, size, XXH3-64
+/// checksum; taken from the `.xxh3` sidecar that write_checked leaves, else computed from the file)
 /// with `metadata` in manifest.json, fsyncs the files, the manifest and the directories, renames
 /// `staging` to `final` and fsyncs the parent. A crash at any point leaves either no `final` or a
 /// complete one. Throws cohort::error (and leaves no `final`) on any failure.
@@ -125,20 +154,19 @@ inline void commit(std::filesystem::path const& staging, std::filesystem::path c
   for (auto const& e : fs::recursive_directory_iterator(staging)) {
     if (e.is_directory()) dirs.push_back(e.path());
     if (!e.is_regular_file()) continue;
-    if (e.path().extension() == ".crc32") {
+    if (e.path().extension() == ".xxh3") {
       sidecars.push_back(e.path());
       continue;
     }
     auto const size = static_cast<std::uint64_t>(e.file_size());
-    std::optional<std::uint32_t> crc;
-    std::ifstream side(e.path().string() + ".crc32");
-    std::uint32_t c = 0;
+    std::string hash;
+    std::ifstream side(e.path().string() + ".xxh3");
     std::uint64_t n = 0;
-    if (side >> c >> n && n == size) crc = c;  // computed by write_checked, already fsynced
-    else fsync_path(e.path());
-    files.push_back({{"name", fs::relative(e.path(), staging).generic_string()},
-                     {"size", size},
-                     {"crc32", crc ? *crc : file_crc32(e.path())}});
+    if (!(side >> hash >> n) || n != size) {  // not written by write_checked: hash and sync it here
+      hash = file_hash(e.path());
+      fsync_path(e.path());
+    }
+    files.push_back({{"name", fs::relative(e.path(), staging).generic_string()}, {"size", size}, {"xxh3", hash}});
   }
   for (auto const& sc : sidecars) fs::remove(sc);
   {
@@ -156,7 +184,7 @@ inline void commit(std::filesystem::path const& staging, std::filesystem::path c
 }
 
 /// Checks a checkpoint directory against its manifest: nothing when every listed file exists
-/// with its size and CRC-32, else what is wrong (naming the file).
+/// with its size and checksum, else what is wrong (naming the file).
 inline std::optional<std::string> verify(std::filesystem::path const& dir) {
   namespace fs = std::filesystem;
   std::ifstream in(dir / "manifest.json");
@@ -165,15 +193,15 @@ inline std::optional<std::string> verify(std::filesystem::path const& dir) {
   if (!m.is_object() || !m.contains("files") || !m["files"].is_array())
     return (dir / "manifest.json").string() + ": not a valid manifest";
   for (auto const& f : m["files"]) {
-    if (!f.contains("name") || !f.contains("size") || !f.contains("crc32"))
-      return (dir / "manifest.json").string() + ": an entry lacks name, size or crc32";
+    if (!f.contains("name") || !f.contains("size") || !f.contains("xxh3"))
+      return (dir / "manifest.json").string() + ": an entry lacks name, size or xxh3";
     auto p = dir / f["name"].get<std::string>();
     std::error_code ec;
     auto size = fs::file_size(p, ec);
     if (ec) return p.string() + ": listed in the manifest but missing";
     if (size != f["size"].get<std::uint64_t>())
       return p.string() + ": " + std::to_string(size) + " bytes, the manifest says " + f["size"].dump() + " (truncated?)";
-    if (file_crc32(p) != f["crc32"].get<std::uint32_t>()) return p.string() + ": checksum does not match the manifest";
+    if (file_hash(p) != f["xxh3"].get<std::string>()) return p.string() + ": checksum does not match the manifest";
   }
   return std::nullopt;
 }

@@ -47,7 +47,7 @@ inline torch::ScalarType dtype_of(std::string const& s) {
 }  // namespace detail
 
 /// Writes `tensors` (name, CPU tensor) to `path` with checkpointing::write_checked (fsynced, with
-/// its CRC-32 sidecar). Contiguous CPU tensors are written from their own memory.
+/// its checksum sidecar). Contiguous CPU tensors are written from their own memory, no copy.
 inline void save(std::filesystem::path const& path, std::vector<std::pair<std::string, torch::Tensor>> const& tensors) {
   nlohmann::json header = nlohmann::json::object();
   std::vector<torch::Tensor> data;
@@ -61,16 +61,12 @@ inline void save(std::filesystem::path const& path, std::vector<std::pair<std::s
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');
-  std::vector<char> out(8 + h.size() + offset);
+  char length[8];
   std::uint64_t n = h.size();
-  for (int k = 0; k < 8; ++k) out[static_cast<std::size_t>(k)] = static_cast<char>((n >> (8 * k)) & 0xff);
-  std::memcpy(out.data() + 8, h.data(), h.size());
-  char* p = out.data() + 8 + h.size();
-  for (auto const& t : data) {
-    std::memcpy(p, t.data_ptr(), t.nbytes());
-    p += t.nbytes();
-  }
-  checkpointing::write_checked(path, out.data(), out.size());
+  for (int k = 0; k < 8; ++k) length[k] = static_cast<char>((n >> (8 * k)) & 0xff);
+  std::vector<std::pair<void const*, std::size_t>> pieces{{length, 8}, {h.data(), h.size()}};
+  for (auto const& t : data) pieces.emplace_back(t.data_ptr(), t.nbytes());  // straight from the tensors
+  checkpointing::write_checked(path, pieces);
 }
 
 /// Reads a safetensors file into (name, tensor) pairs, in file order. Throws cohort::error
