@@ -77,15 +77,23 @@ int main(int argc, char** argv) {
 
   auto train = [&test_set](cohort::context& ctx, config const& cfg) {
     torch::manual_seed(0);
+    double last_stall_s = 0;
     auto model = ctx.prepare_model(fashion_net());
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(cfg.lr).momentum(cfg.momentum));
     // This rank's shard, reshuffled every epoch, batches made ahead by a background thread.
     auto& loader = ctx.dataset_shard("train", {.batch_size = cfg.batch_size, .prefetch_batches = 4});
+    if (auto const& ck = ctx.checkpoint()) {  // a rerun of the same --name resumes here
+      cohort::loader_state position;
+      cohort::load_checkpoint(*ck, model, opt, position);
+      loader.restore(position);
+    }
 
-    for (int epoch = 0; epoch < cfg.epochs; ++epoch) {
+    while (loader.state().epoch < cfg.epochs) {
+      auto const epoch = loader.state().epoch;
       model->train();
       auto const epoch_start = std::chrono::steady_clock::now();
       auto const wait_before = loader.stats().wait_s;
+      auto const batches_before = loader.stats().batches;
       double loss_sum = 0;
       std::int64_t batches = 0;
       for (auto& b : loader.epoch()) {
@@ -98,6 +106,7 @@ int main(int argc, char** argv) {
       }
       double const epoch_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
       double const wait_share = (loader.stats().wait_s - wait_before) / epoch_s;
+      double const step_s = epoch_s / static_cast<double>(std::max<std::int64_t>(1, loader.stats().batches - batches_before));
       // Test accuracy: each rank scores its own slice of the test set; counts are summed.
       model->eval();
       torch::NoGradGuard no_grad;
@@ -117,16 +126,25 @@ int main(int argc, char** argv) {
       ctx.comm().allreduce(losses, 2, cohort::comm::reduce_op::sum);
       double worst_wait = wait_share;
       ctx.comm().allreduce(&worst_wait, 1, cohort::comm::reduce_op::max);
+      // An async checkpoint: report() copies the state and returns; a background thread writes
+      // it while the next epoch trains. last_stall is how long that copy held training up.
+      auto const report_start = std::chrono::steady_clock::now();
       ctx.report({{"epoch", epoch},
                   {"train_loss", losses[0] / losses[1]},
                   {"data_wait_share", worst_wait},
-                  {"test_accuracy", static_cast<double>(counts[0]) / static_cast<double>(counts[1])}});
+                  {"last_checkpoint_stall_share_of_step", last_stall_s / step_s},
+                  {"test_accuracy", static_cast<double>(counts[0]) / static_cast<double>(counts[1])}},
+                 cohort::checkpoint_of(model, opt, loader.state()));
+      last_stall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - report_start).count();
     }
   };
 
+  run.checkpoint_mode = cohort::checkpoint_mode::async;
   cohort::trainer trainer{train, cohort::datasets{{"train", train_set}}, cohort::scaling::cpu{.num_workers = 2},
-                          cohort::sharding::shuffled{.seed = 42}};
+                          cohort::sharding::shuffled{.seed = 42},
+                          cohort::checkpointing::keep_best{.num_to_keep = 2, .metric = "test_accuracy", .order = cohort::max}};
   auto result = trainer.fit(cfg, run);
+  if (result.preempted) return cohort::exit_code_preempted;
   if (!result.ok()) return 1;
   if (rank == 0) {
     auto final_metrics = result.metrics;
