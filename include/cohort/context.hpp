@@ -9,7 +9,9 @@
 #include <any>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <functional>
 #include <iostream>
@@ -41,6 +43,10 @@ namespace cohort {
 /// The exit code for a run that stopped because it was asked to (SIGTERM or SIGINT) after
 /// committing its checkpoint: EX_TEMPFAIL, "try again". cohort-run reruns it.
 inline constexpr int exit_code_preempted = 75;
+
+/// Validates a committed checkpoint (Ray's validate_fn): returns metrics merged into that
+/// checkpoint's metrics. Runs on a background thread of rank 0; must not communicate.
+using validate_fn = std::function<nlohmann::json(cohort::checkpoint const&)>;
 
 namespace detail {
 
@@ -79,7 +85,16 @@ struct report_state {
   // (agreed) that rank 0 commits next. The writer thread makes no MPI call.
   std::thread worker;
   std::string worker_error;
-  std::optional<std::pair<std::int64_t, nlohmann::json>> writing, to_commit;
+  struct pending_checkpoint {
+    std::int64_t iteration = 0;
+    nlohmann::json row;
+    validate_fn validate;
+  };
+  std::optional<pending_checkpoint> writing, to_commit;
+  // Async validation (rank 0): at most one in flight; `checkpoints` is shared with it.
+  std::thread validator;
+  std::mutex checkpoints_mutex;
+  std::vector<std::int64_t> validating_;  ///< checkpoints whose validation has not finished: never deleted
 
   static void check_metrics(nlohmann::json const& metrics) {
     if (!metrics.is_object())
@@ -129,7 +144,7 @@ struct report_state {
   /// the commit. Any failure is a cohort::error on every rank; committed checkpoints are intact.
   /// In async mode the writing and rank 0's commit run on a background thread; the agreement on
   /// checkpoint k happens at the next checkpointed report or at the end of fit (flush()).
-  void report(nlohmann::json metrics, checkpoint_payload const& payload) {
+  void report(nlohmann::json metrics, checkpoint_payload const& payload, validate_fn const& validate = {}) {
     check_metrics(metrics);
     auto const iteration = count + 1;
     nlohmann::json row = row_of(std::move(metrics));
@@ -138,10 +153,10 @@ struct report_state {
       if (payload.snapshot) payload.snapshot();  // copies: training may change the state now
       auto commit_first = rank == 0 ? std::exchange(to_commit, std::nullopt) : std::nullopt;
       to_commit.reset();
-      writing = std::pair{iteration, row};
+      writing = pending_checkpoint{iteration, row, validate};
       worker = std::thread([this, commit_first, iteration, payload] {
         try {
-          if (commit_first) commit_now(commit_first->first, commit_first->second);
+          if (commit_first) commit_now(commit_first->iteration, commit_first->row, commit_first->validate);
           write_now(iteration, payload);
         } catch (std::exception const& e) {
           worker_error = e.what();
@@ -160,7 +175,7 @@ struct report_state {
     if (auto e = agree_on(err)) throw cohort::error(*e);
     if (rank == 0) {
       try {
-        commit_now(iteration, row);
+        commit_now(iteration, row, validate);
       } catch (std::exception const& e) {
         err = e.what();
       }
@@ -178,7 +193,7 @@ struct report_state {
     std::optional<std::string> err;
     if (rank == 0 && to_commit) {
       try {
-        commit_now(to_commit->first, to_commit->second);
+        commit_now(to_commit->iteration, to_commit->row, to_commit->validate);
       } catch (std::exception const& e) {
         err = e.what();
       }
@@ -189,6 +204,44 @@ struct report_state {
 
   ~report_state() {
     if (worker.joinable()) worker.join();
+    finish_validation();
+  }
+
+  /// Rank 0: waits for the validation in flight (fit() calls it before listing checkpoints).
+  void finish_validation() {
+    if (validator.joinable()) validator.join();
+  }
+
+  /// Rank 0, after committing checkpoint `iteration`: runs `validate` on a background thread,
+  /// writes its metrics to the checkpoint's validation.json, merges them into the checkpoint's
+  /// metrics (same key overwrites) and applies the retention policy again, so best-K ranks by
+  /// them; until then the checkpoint is not deleted. A validation that throws records {"validation_error": ...} instead; it does not fail
+  /// the run.
+  void start_validation(std::int64_t iteration, validate_fn validate) {
+    {
+      std::lock_guard lock(checkpoints_mutex);
+      validating_.push_back(iteration);
+    }
+    finish_validation();  // at most one in flight
+    validator = std::thread([this, iteration, validate = std::move(validate)] {
+      auto const dir = run_path / checkpointing::dir_name(iteration);
+      nlohmann::json m;
+      try {
+        m = validate(cohort::checkpoint::from_directory(dir));
+        if (!m.is_object()) m = {{"validation_error", "validate_fn must return a JSON object, got " + m.dump()}};
+      } catch (std::exception const& e) {
+        m = {{"validation_error", e.what()}};
+      }
+      std::lock_guard lock(checkpoints_mutex);
+      std::error_code ec;
+      if (std::filesystem::exists(dir, ec)) {
+        std::ofstream(dir / "validation.json") << m.dump(2) << "\n";
+      }
+      for (auto& r : checkpoints)
+        if (static_cast<std::int64_t>(r.iteration) == iteration) r.metrics.update(m);
+      validating_.erase(std::find(validating_.begin(), validating_.end(), iteration));
+      apply_retention();
+    });
   }
 
   std::filesystem::path staging_of(std::int64_t iteration) const {
@@ -205,7 +258,7 @@ struct report_state {
   }
 
   /// Rank 0.
-  void commit_now(std::int64_t iteration, nlohmann::json const& row) {
+  void commit_now(std::int64_t iteration, nlohmann::json const& row, validate_fn const& validate = {}) {
     try {
       checkpointing::commit(staging_of(iteration), run_path / checkpointing::dir_name(iteration),
                             {{"training_iteration", iteration}, {"metrics", row}});
@@ -214,8 +267,12 @@ struct report_state {
       std::filesystem::remove_all(staging_of(iteration), ec);
       throw cohort::error(std::string("committing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what());
     }
-    checkpoints.push_back({static_cast<std::size_t>(iteration), row});
-    apply_retention();
+    {
+      std::lock_guard lock(checkpoints_mutex);
+      checkpoints.push_back({static_cast<std::size_t>(iteration), row});
+      apply_retention();
+    }
+    if (validate) start_validation(iteration, validate);
   }
 
   /// Joins the writer and agrees on its outcome; what it wrote becomes rank 0's next commit.
@@ -228,13 +285,15 @@ struct report_state {
     if (writing) to_commit = std::exchange(writing, std::nullopt);
   }
 
-  /// Rank 0: deletes the committed checkpoints the policy does not keep.
+  /// Rank 0, holding checkpoints_mutex: deletes the committed checkpoints the policy does not keep.
   void apply_retention() {
     if (!retain) return;
     auto keep = retain(checkpoints);
     std::vector<checkpointing::record> kept;
     for (std::size_t i = 0; i < checkpoints.size(); ++i) {
-      if (std::find(keep.begin(), keep.end(), i) != keep.end()) {
+      bool const validating = std::find(validating_.begin(), validating_.end(),
+                                        static_cast<std::int64_t>(checkpoints[i].iteration)) != validating_.end();
+      if (validating || std::find(keep.begin(), keep.end(), i) != keep.end()) {  // ranked once validated
         kept.push_back(checkpoints[i]);
         continue;
       }
@@ -293,6 +352,16 @@ class context {
   /// the checkpointing policy then keeps or deletes. Collective: two agreements over the
   /// trainer's control communicator. A failed write or commit is a cohort::error on every rank.
   void report(nlohmann::json const& metrics, checkpoint_payload const& payload) { reports_.report(metrics, payload); }
+
+  /// A report with a checkpoint and its asynchronous validation (Ray's validate_fn): once the
+  /// checkpoint is committed, `validate(checkpoint)` runs on a background thread of rank 0 while
+  /// training goes on; the metrics it returns are merged into that checkpoint's metrics (same key
+  /// overwrites), written to its validation.json, and used by the retention policy (keep_best
+  /// can rank by them). result.best_checkpoints shows the merged metrics. One validation at a
+  /// time; fit() waits for the last one. `validate` must not communicate.
+  void report(nlohmann::json const& metrics, checkpoint_payload const& payload, validate_fn validate) {
+    reports_.report(metrics, payload, validate);
+  }
 
   /// The checkpoint this run resumes from: the latest committed checkpoint of this run directory
   /// that verifies against its manifest (or the one named by run_config.resume_from_checkpoint);

@@ -319,6 +319,7 @@ class trainer {
     auto history = comm::broadcast_string(control, rank == 0 ? nlohmann::json(reports.history).dump() : std::string{});
     for (auto& row : nlohmann::json::parse(history)) out.metrics_history.push_back(std::move(row));
     if (!out.metrics_history.empty()) out.metrics = out.metrics_history.back();
+    if (rank == 0) reports.finish_validation();
     auto ckpts = nlohmann::json::parse(comm::broadcast_string(control, rank == 0 ? checkpoint_summary(reports).dump() : std::string{}));
     for (auto const& c : ckpts["best"]) out.best_checkpoints.push_back({c["path"].template get<std::string>(), c["metrics"]});
     if (ckpts.contains("latest")) out.checkpoint = checkpoint_info{ckpts["latest"]["path"].template get<std::string>(), ckpts["latest"]["metrics"]};

@@ -179,3 +179,33 @@ TEST_CASE("async checkpoints are written while training goes on, and all are com
       CHECK(ok == 1);  // the write finished after report() had returned
     }
 }
+
+TEST_CASE("async validation merges its metrics into the right checkpoint and best-K ranks by them", "[torch][checkpoint][mpi]") {
+  auto storage = cohort_test::scratch("validate");
+  auto mode = GENERATE(cohort::checkpoint_mode::sync, cohort::checkpoint_mode::async);
+  std::string const tag = mode == cohort::checkpoint_mode::sync ? "sync" : "async";
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+                             for (int k = 1; k <= 4; ++k)
+                               ctx.report({{"loss", 1.0 / k}, {"val", -1}},
+                                          cohort::checkpoint_payload{[k](std::filesystem::path const& dir, int rank) {
+                                            if (rank == 0) std::ofstream(dir / "k.txt") << k;
+                                          }},
+                                          [](cohort::checkpoint const& ck) {
+                                            int k = 0;
+                                            std::ifstream(ck.path() / "k.txt") >> k;  // reads the checkpoint it validates
+                                            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                                            return nlohmann::json{{"val", k == 2 ? 100 : k}};  // checkpoint 2 validates best
+                                          });
+                           },
+                           cohort::checkpointing::keep_best{.num_to_keep = 1, .metric = "val", .order = cohort::max}}
+               .fit(nlohmann::json::object(), run(storage, "validate_" + tag, mode));
+  REQUIRE(r.ok());
+  REQUIRE(r.best_checkpoints.size() == 2);  // the best by validation, and the latest
+  CHECK(r.best_checkpoints[0].path.filename() == "checkpoint_000002");
+  CHECK(r.best_checkpoints[0].metrics["val"] == 100);   // the validation's value replaced the reported one
+  CHECK(r.best_checkpoints[0].metrics["loss"] == 0.5);  // the training metrics are still there
+  CHECK(r.best_checkpoints[1].path.filename() == "checkpoint_000004");
+  CHECK(r.best_checkpoints[1].metrics["val"] == 4);
+  if (cohort_test::world_rank() == 0)
+    CHECK(nlohmann::json::parse(std::ifstream(r.best_checkpoints[0].path / "validation.json"))["val"] == 100);
+}
