@@ -75,7 +75,22 @@ int main(int argc, char** argv) {
   if (cfg.max_train > 0 && cfg.max_train < train_set.inputs.size(0))
     train_set = {train_set.inputs.narrow(0, 0, cfg.max_train), train_set.targets.narrow(0, 0, cfg.max_train)};
 
-  auto train = [&test_set](cohort::context& ctx, config const& cfg) {
+  // Async validation (Ray's validate_fn): each committed checkpoint is scored on the whole test set
+  // by a background thread of rank 0 while training goes on; keep_best ranks checkpoints by it.
+  cohort::validate_fn validate = [&test_set](cohort::checkpoint const& ck) {
+    fashion_net net;
+    cohort::load_checkpoint(ck, net);
+    net->eval();
+    torch::NoGradGuard no_grad;
+    std::int64_t correct = 0;
+    for (std::int64_t b = 0; b < test_set.inputs.size(0); b += 1000) {
+      auto len = std::min<std::int64_t>(1000, test_set.inputs.size(0) - b);
+      correct += net->forward(test_set.inputs.narrow(0, b, len)).argmax(1).eq(test_set.targets.narrow(0, b, len)).sum().item<std::int64_t>();
+    }
+    return nlohmann::json{{"val_test_accuracy", static_cast<double>(correct) / static_cast<double>(test_set.inputs.size(0))}};
+  };
+
+  auto train = [&test_set, &validate](cohort::context& ctx, config const& cfg) {
     torch::manual_seed(0);
     double last_stall_s = 0;
     auto model = ctx.prepare_model(fashion_net());
@@ -134,7 +149,7 @@ int main(int argc, char** argv) {
                   {"data_wait_share", worst_wait},
                   {"last_checkpoint_stall_share_of_step", last_stall_s / step_s},
                   {"test_accuracy", static_cast<double>(counts[0]) / static_cast<double>(counts[1])}},
-                 cohort::checkpoint_of(model, opt, loader.state()));
+                 cohort::checkpoint_of(model, opt, loader.state()), validate);
       last_stall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - report_start).count();
     }
   };
@@ -142,13 +157,17 @@ int main(int argc, char** argv) {
   run.checkpoint_mode = cohort::checkpoint_mode::async;
   cohort::trainer trainer{train, cohort::datasets{{"train", train_set}}, cohort::scaling::cpu{.num_workers = 2},
                           cohort::sharding::shuffled{.seed = 42},
-                          cohort::checkpointing::keep_best{.num_to_keep = 2, .metric = "test_accuracy", .order = cohort::max}};
+                          cohort::checkpointing::keep_best{.num_to_keep = 2, .metric = "val_test_accuracy", .order = cohort::max}};
   auto result = trainer.fit(cfg, run);
   if (result.preempted) return cohort::exit_code_preempted;
   if (!result.ok()) return 1;
   if (rank == 0) {
     auto final_metrics = result.metrics;
     final_metrics["run_path"] = result.path.string();
+    if (!result.best_checkpoints.empty()) {
+      final_metrics["best_checkpoint"] = result.best_checkpoints.front().path.string();
+      final_metrics["best_val_test_accuracy"] = result.best_checkpoints.front().metrics.value("val_test_accuracy", -1.0);
+    }
     std::cout << final_metrics.dump() << std::endl;
   }
   return 0;
