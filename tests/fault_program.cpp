@@ -4,17 +4,14 @@
 // the final parameters to <storage>/<name>.params.json.
 #include <cohort/cohort.hpp>
 
+#include "small_net.hpp"
+
 #include <csignal>
 #include <fstream>
 
 namespace {
 
-struct netImpl : torch::nn::Module {
-  netImpl() : l1(register_module("l1", torch::nn::Linear(3, 6))), l2(register_module("l2", torch::nn::Linear(6, 1))) {}
-  torch::Tensor forward(torch::Tensor x) { return l2(torch::tanh(l1(x))); }
-  torch::nn::Linear l1, l2;
-};
-TORCH_MODULE(net);
+using net = cohort_test::small_net;
 
 }  // namespace
 

@@ -2,6 +2,8 @@
 // best-K, a failing checkpoint write, and model files Python can read.
 #include <cohort/cohort.hpp>
 
+#include "../small_net.hpp"
+
 #include <future>
 
 #include "../catch.hpp"
@@ -9,12 +11,7 @@
 
 namespace {
 
-struct netImpl : torch::nn::Module {
-  netImpl() : l1(register_module("l1", torch::nn::Linear(3, 6))), l2(register_module("l2", torch::nn::Linear(6, 1))) {}
-  torch::Tensor forward(torch::Tensor x) { return l2(torch::tanh(l1(x))); }
-  torch::nn::Linear l1, l2;
-};
-TORCH_MODULE(net);
+using net = cohort_test::small_net;
 
 cohort::tensor_dataset data() {
   auto x = torch::linspace(-1, 1, 90).reshape({30, 3});

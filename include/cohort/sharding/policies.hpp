@@ -33,6 +33,12 @@ inline std::vector<std::size_t> take_block(std::vector<std::size_t> const& order
   return out;
 }
 
+inline std::vector<std::size_t> identity(std::size_t size) {
+  std::vector<std::size_t> order(size);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  return order;
+}
+
 inline std::size_t per_rank_count(std::size_t size, int world, remainder r) {
   auto w = static_cast<std::size_t>(world);
   return r == remainder::pad ? (size + w - 1) / w : size / w;
@@ -45,9 +51,7 @@ struct contiguous {
   remainder on_remainder = remainder::pad;
 
   std::vector<std::size_t> indices(std::size_t size, int world, int rank, std::int64_t /*epoch*/) const {
-    std::vector<std::size_t> order(size);
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    return detail::take_block(order, detail::per_rank_count(size, world, on_remainder), rank, false, world);
+    return detail::take_block(detail::identity(size), detail::per_rank_count(size, world, on_remainder), rank, false, world);
   }
 };
 
@@ -57,9 +61,7 @@ struct interleaved {
   remainder on_remainder = remainder::pad;
 
   std::vector<std::size_t> indices(std::size_t size, int world, int rank, std::int64_t /*epoch*/) const {
-    std::vector<std::size_t> order(size);
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    return detail::take_block(order, detail::per_rank_count(size, world, on_remainder), rank, true, world);
+    return detail::take_block(detail::identity(size), detail::per_rank_count(size, world, on_remainder), rank, true, world);
   }
 };
 
@@ -70,8 +72,7 @@ struct shuffled {
   remainder on_remainder = remainder::pad;
 
   std::vector<std::size_t> indices(std::size_t size, int world, int rank, std::int64_t epoch) const {
-    std::vector<std::size_t> order(size);
-    std::iota(order.begin(), order.end(), std::size_t{0});
+    auto order = detail::identity(size);
     std::mt19937_64 gen(seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(epoch));
     // Fisher-Yates with our own index draw: std::shuffle's use of the engine is
     // implementation-defined, and the permutation must be the same on every platform.
