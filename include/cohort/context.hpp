@@ -303,12 +303,8 @@ struct report_state {
     checkpoints = std::move(kept);
   }
 
-  std::optional<std::string> agree_on(std::optional<std::string> const& local) {
-    auto all = comm::allgather_strings(*control, local ? *local : std::string{});
-    for (std::size_t r = 0; r < all.size(); ++r)
-      if (!all[r].empty()) return (all.size() > 1 ? "rank " + std::to_string(r) + ": " : std::string{}) + all[r];
-    return std::nullopt;
-  }
+  std::optional<std::string> agree_on(std::optional<std::string> const& local) { return comm::agree_on_error(*control, local); }
+
 };
 
 }  // namespace detail

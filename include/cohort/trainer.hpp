@@ -92,29 +92,6 @@ std::string type_name() {
   return s;
 }
 
-/// Agreement over `comm` (blocking; every rank must call): the first error any rank reports
-/// (prefixed with its rank when the ranks disagree), or nothing when all ranks are fine.
-template <comm::communicator C>
-std::optional<std::string> agree(C& comm, std::optional<std::string> const& local) {
-  auto all = comm::allgather_strings(comm, local ? "!" + *local : std::string{});
-  std::optional<std::string> first;
-  bool same = true;
-  int first_rank = -1;
-  for (std::size_t r = 0; r < all.size(); ++r) {
-    if (all[r].empty()) {
-      same = false;
-      continue;
-    }
-    if (!first) {
-      first = all[r].substr(1);
-      first_rank = static_cast<int>(r);
-    } else if (all[r].substr(1) != *first) {
-      same = false;
-    }
-  }
-  if (first && !same) return "rank " + std::to_string(first_rank) + ": " + *first;
-  return first;
-}
 
 /// Installs SIGTERM/SIGINT handlers that only record the signal, for the duration of fit();
 /// the previous handlers are restored afterwards.
@@ -221,7 +198,7 @@ class trainer {
         err = std::string("config does not convert to JSON: ") + e.what() + ": check its to_json";
       }
     }
-    err = detail::agree(control, err);
+    err = comm::agree_on_error(control, err);
     std::string name;
     if (!err) {
       config_text = comm::broadcast_string(control, config_text);
@@ -233,7 +210,7 @@ class trainer {
       }
       name = comm::broadcast_string(control, run.name.empty() ? "cohort_" + detail::utc_stamp() : run.name);
     }
-    err = detail::agree(control, err);
+    err = comm::agree_on_error(control, err);
     std::filesystem::path run_path = std::filesystem::path(run.storage_path) / name;
     detail::report_state reports;
     reports.name = name;
@@ -252,7 +229,7 @@ class trainer {
         err = e.what();
       }
     }
-    err = detail::agree(control, err);
+    err = comm::agree_on_error(control, err);
     out.path = run_path;
     if (err) return fail(std::move(out), *err, rank);
     auto resume = nlohmann::json::parse(comm::broadcast_string(control, resume_text));
@@ -304,7 +281,7 @@ class trainer {
     if (failure) wait_or_abort(req, run.abort_timeout_ms, rank, *failure);
     else req.wait();
     if (status[0] != 0) {
-      auto e = detail::agree(control, failure);
+      auto e = comm::agree_on_error(control, failure);
       out.preempted = preempted;
       return fail(std::move(out), *e, rank);
     }

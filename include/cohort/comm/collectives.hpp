@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -52,6 +53,31 @@ std::vector<T> allgather_value(C& comm, T const& value) {
   comm.allgather(reinterpret_cast<std::byte const*>(&value), sizeof(T),
                  reinterpret_cast<std::byte*>(out.data()));
   return out;
+}
+
+/// Agreement on an error (blocking, control path; every rank must call): the first error any rank
+/// reports, prefixed with its rank when the ranks do not all report the same one, or nothing when
+/// every rank is fine. Cost: two allgathers.
+template <comm::communicator C>
+std::optional<std::string> agree_on_error(C& comm, std::optional<std::string> const& local) {
+  auto all = allgather_strings(comm, local ? "!" + *local : std::string{});
+  std::optional<std::string> first;
+  bool same = true;
+  int first_rank = -1;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty()) {
+      same = false;
+      continue;
+    }
+    if (!first) {
+      first = all[r].substr(1);
+      first_rank = static_cast<int>(r);
+    } else if (all[r].substr(1) != *first) {
+      same = false;
+    }
+  }
+  if (first && !same) return "rank " + std::to_string(first_rank) + ": " + *first;
+  return first;
 }
 
 }  // namespace cohort::comm

@@ -80,10 +80,7 @@ class data_loader {
   }
 
   /// Batches per epoch on every rank.
-  std::int64_t batches_per_epoch() const {
-    auto n = static_cast<std::int64_t>(indices_(source_.size(), state_.epoch).size());
-    return options_.drop_last ? n / options_.batch_size : (n + options_.batch_size - 1) / options_.batch_size;
-  }
+  std::int64_t batches_per_epoch() const { return batches_in(indices_(source_.size(), state_.epoch).size()); }
 
   /// The position of the next batch.
   loader_state state() const { return state_; }
@@ -150,7 +147,7 @@ class data_loader {
     void start() {
       auto& l = *loader_;
       order_ = l.indices_(l.source_.size(), l.state_.epoch);
-      total_ = l.batches_per_epoch();
+      total_ = l.batches_in(order_.size());  // not batches_per_epoch(): the order is computed once
       next_make_ = l.state_.position;
       if (l.options_.prefetch_batches > 0) producer_ = std::thread([this] { produce(); });
     }
@@ -242,6 +239,11 @@ class data_loader {
   };
 
  private:
+  std::int64_t batches_in(std::size_t samples) const {
+    auto n = static_cast<std::int64_t>(samples);
+    return options_.drop_last ? n / options_.batch_size : (n + options_.batch_size - 1) / options_.batch_size;
+  }
+
   Source source_;
   std::function<std::vector<std::size_t>(std::size_t, std::int64_t)> indices_;
   loader_options options_;
