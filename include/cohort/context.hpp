@@ -63,6 +63,17 @@ struct preempted {
   std::int64_t iteration = 0;
 };
 
+/// Thrown by report() on every rank of a trial when the tuner ends it early (a scheduler's stop,
+/// pause or exploit, or a stopper), after the report's checkpoint, if any, is committed; fit()
+/// turns it into result::stopped.
+struct stopped_by_tuner {
+  std::string reason;
+};
+
+/// What a tuner consults after every report (only rank 0 of the trial calls it): given the
+/// report's row, it answers {"what": "proceed" | "stop" | "pause" | "exploit", "error": "..."}.
+using report_listener = std::function<nlohmann::json(nlohmann::json const& row)>;
+
 /// The report bookkeeping of one fit() on one rank. Rank 0 owns the run directory and the
 /// checkpoints; every rank counts its reports so fit() can check that all reported equally often.
 struct report_state {
@@ -81,6 +92,7 @@ struct report_state {
   std::vector<nlohmann::json> history;  ///< rank 0 only; broadcast at the end of fit()
   std::vector<checkpointing::record> checkpoints;  ///< rank 0: retained, oldest first
   checkpoint_mode mode = checkpoint_mode::sync;
+  report_listener listener;  ///< set (on every rank) when a tuner runs this fit as a trial
   // Async mode: the checkpoint this rank's writer is writing, and the one written on every rank
   // (agreed) that rank 0 commits next. The writer thread makes no MPI call.
   std::thread worker;
@@ -126,6 +138,27 @@ struct report_state {
     check_metrics(metrics);
     record(dir ? row_of(std::move(metrics)) : nlohmann::json());
     if (int s = stop_signal().load()) throw preempted{s, count};  // no communication on a plain report
+    consult_listener();
+  }
+
+  /// Under a tuner: rank 0 hands the last row to the listener, and every rank learns its answer
+  /// (one broadcast over the control communicator). A no-op outside a tuner.
+  void consult_listener() {
+    if (!listener) return;  // the same on every rank
+    std::string answer;
+    if (rank == 0) {
+      try {
+        answer = listener(history.back()).dump();
+      } catch (std::exception const& e) {
+        answer = nlohmann::json{{"what", "error"}, {"error", e.what()}}.dump();
+      }
+    }
+    auto decision = nlohmann::json::parse(comm::broadcast_string(*control, answer));
+    auto what = decision.value("what", std::string("proceed"));
+    if (what == "proceed") return;
+    if (what == "error") throw cohort::error(decision.value("error", std::string("the tuner failed")));
+    flush();
+    throw stopped_by_tuner{what};
   }
 
   /// A checkpointed report is a step boundary: if any rank received SIGTERM/SIGINT, every rank
@@ -164,6 +197,7 @@ struct report_state {
       });
       record(std::move(row));
       stop_if_asked();
+      consult_listener();
       return;
     }
     std::optional<std::string> err;
@@ -183,6 +217,7 @@ struct report_state {
     if (auto e = agree_on(err)) throw cohort::error(*e);
     record(std::move(row));
     stop_if_asked();
+    consult_listener();
   }
 
   /// Async mode: waits for this rank's writer, agrees on its outcome, and commits what is still

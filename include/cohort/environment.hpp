@@ -11,15 +11,27 @@ namespace cohort {
 
 namespace detail {
 
-/// Initialises MPI (MPI_THREAD_SERIALIZED: one thread at a time calls MPI; cohort's background
-/// work never calls it concurrently with the training thread) unless it is already up.
-/// Returns true when this call initialised it.
+/// Ranks of the whole job on this node, found when cohort initialised MPI (0: not known, MPI was
+/// initialised by someone else). Intra-op threads are shared among them, whatever communicator
+/// a trainer runs on (the tuner's trial groups split a node's ranks into several trainers).
+inline int& job_ranks_on_node() {
+  static int n = 0;
+  return n;
+}
+
+/// Initialises MPI with MPI_THREAD_MULTIPLE (the tuner's coordinator thread on rank 0 talks to the
+/// trial groups while rank 0's own trial trains) unless it is already up. Returns true when this
+/// call initialised it.
 inline bool ensure_mpi(int* argc, char*** argv) {
   int up = 0;
   MPI_Initialized(&up);
   if (up) return false;
   int provided = 0;
-  comm::detail::check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+  comm::detail::check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &job_ranks_on_node());
+  MPI_Comm_free(&node);
   return true;
 }
 
@@ -39,7 +51,7 @@ inline void ensure_mpi_for_program() {
 
 }  // namespace detail
 
-/// Brings MPI up (MPI_THREAD_SERIALIZED) and takes it down at scope exit. Construct one at the
+/// Brings MPI up (MPI_THREAD_MULTIPLE) and takes it down at scope exit. Construct one at the
 /// top of main, on every rank, before any cohort call:
 /// `cohort::environment env{argc, argv};`. If MPI is already initialised, it is left alone.
 class environment {

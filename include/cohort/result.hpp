@@ -30,7 +30,9 @@ struct result {
   std::vector<nlohmann::json> metrics_history;         ///< every report, in order
   std::filesystem::path path;                          ///< the run directory
   std::optional<std::string> error;                    ///< set when the run failed: one line, cause and fix
-  bool preempted = false;  ///< stopped by SIGTERM/SIGINT after committing; exit with exit_code_preempted
+  bool preempted = false;
+  /// Set when a tuner ended the run early, after a report: "stop", "pause" or "exploit".
+  std::optional<std::string> stopped;  ///< stopped by SIGTERM/SIGINT after committing; exit with exit_code_preempted
   /// The functor's return value from every rank, in rank order (empty when the run failed).
   std::vector<std::conditional_t<std::is_void_v<Return>, detail::no_return, Return>> return_values;
   std::optional<checkpoint_info> checkpoint;           ///< latest committed checkpoint (checkpointing layer)

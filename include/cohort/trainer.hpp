@@ -175,6 +175,13 @@ class trainer {
   /// other ranks are stuck in a collective the failed rank will not enter. Never hangs.
   template <class Config, comm::communicator C>
   auto fit(Config const& config, run_config const& run, C& comm) {
+    return fit(config, run, comm, detail::report_listener{});
+  }
+
+  /// As above, with `listener` consulted after every report (rank 0 calls it, every rank learns
+  /// its answer): how cohort::tuner runs a trial and stops it early.
+  template <class Config, comm::communicator C>
+  auto fit(Config const& config, run_config const& run, C& comm, detail::report_listener listener) {
     using param_type = detail::config_param_t<Fn, Config>;
     constexpr bool takes_config = std::is_invocable_v<Fn&, context&, param_type const&>;
     static_assert(takes_config || std::is_invocable_v<Fn&, context&>,
@@ -219,6 +226,7 @@ class trainer {
     reports.run_path = run_path;
     reports.control = &control;
     reports.mode = run.checkpoint_mode;
+    reports.listener = std::move(listener);
     reports.retain = [policy = checkpointing()](std::span<cohort::checkpointing::record const> all) { return policy.retain(all); };
     std::string resume_text;  // rank 0: {"path", "iteration"} of the checkpoint to resume from
     if (!err && rank == 0) {
@@ -240,7 +248,9 @@ class trainer {
         if (row.value("training_iteration", std::int64_t{0}) <= reports.count) reports.history.push_back(row);
 
     auto topo = scaling::discover_topology(control, detail::host_name());
-    int threads = scaling().intra_op_threads(topo, scaling::node_cores());
+    auto placed = topo;  // threads are shared by every rank of the job on this node
+    placed.local_world_size = std::max(topo.local_world_size, detail::job_ranks_on_node());
+    int threads = scaling().intra_op_threads(placed, scaling::node_cores());
 #if COHORT_WITH_TORCH
     cohort::torch_glue::set_intra_op_threads(threads);
 #endif
@@ -265,6 +275,8 @@ class trainer {
         value.emplace(invoke_fn(ctx, *param));
       }
       reports.flush();  // async checkpoints still in flight
+    } catch (detail::stopped_by_tuner const& s) {
+      out.stopped = s.reason;
     } catch (detail::preempted const& p) {
       preempted = true;
       failure = std::string("stopped by ") + (p.signal == SIGINT ? "SIGINT" : "SIGTERM") + " after report " +
@@ -300,7 +312,9 @@ class trainer {
     auto ckpts = nlohmann::json::parse(comm::broadcast_string(control, rank == 0 ? checkpoint_summary(reports).dump() : std::string{}));
     for (auto const& c : ckpts["best"]) out.best_checkpoints.push_back({c["path"].template get<std::string>(), c["metrics"]});
     if (ckpts.contains("latest")) out.checkpoint = checkpoint_info{ckpts["latest"]["path"].template get<std::string>(), ckpts["latest"]["metrics"]};
-    if constexpr (std::is_void_v<return_type>) {
+    if (out.stopped) {
+      // Ended by the tuner on every rank at the same report: the functor returned nothing.
+    } else if constexpr (std::is_void_v<return_type>) {
       out.return_values.resize(static_cast<std::size_t>(control.size()));
     } else {
       auto all = comm::allgather_strings(control, nlohmann::json(*value).dump());
