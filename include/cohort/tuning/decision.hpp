@@ -4,6 +4,7 @@
 /// the tuning layer. Every decision is a pure function of what was reported so far, so the tuner can
 /// make it on one rank and the tests can check it on hand-computed learning curves.
 
+#include <cstddef>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -33,5 +34,36 @@ struct scheduling_decision {
   std::string donor{};          ///< exploit: the trial whose latest checkpoint is cloned
   nlohmann::json config{};      ///< exploit: the perturbed config the trial continues with
 };
+
+namespace detail {
+
+/// The value named `key` in a result or config: the key itself, else the "a/b" path through
+/// nested objects. Null when absent.
+inline nlohmann::json const* find_key(nlohmann::json const& j, std::string const& key) {
+  if (!j.is_object()) return nullptr;
+  if (auto it = j.find(key); it != j.end()) return &*it;
+  nlohmann::json const* at = &j;
+  std::size_t begin = 0;
+  while (true) {
+    auto slash = key.find('/', begin);
+    auto part = key.substr(begin, slash == std::string::npos ? std::string::npos : slash - begin);
+    if (!at->is_object()) return nullptr;
+    auto it = at->find(part);
+    if (it == at->end()) return nullptr;
+    at = &*it;
+    if (slash == std::string::npos) return at;
+    begin = slash + 1;
+  }
+}
+
+/// "a, b, c": the top-level keys of a result, for error messages.
+inline std::string keys_of(nlohmann::json const& j) {
+  if (!j.is_object()) return "none, it is not an object";
+  std::string out;
+  for (auto const& [k, v] : j.items()) out += (out.empty() ? "" : ", ") + k;
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace detail
 
 }  // namespace cohort::tuning
