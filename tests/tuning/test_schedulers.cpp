@@ -1,0 +1,533 @@
+#include <cohort/tuning/schedulers.hpp>
+
+#include <cmath>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "../catch.hpp"
+
+using cohort::tuning::decision;
+using cohort::tuning::objective;
+using nlohmann::json;
+namespace schedule = cohort::schedule;
+
+namespace {
+
+/// A result as the tuner fills it in: the iteration and one metric.
+json at(double iteration, std::string const& metric, double value) {
+  return {{"training_iteration", iteration}, {metric, value}, {"time_total_s", iteration * 10.0}};
+}
+
+/// One reported result: trial, iteration, metric value.
+struct report {
+  std::string trial;
+  double iteration;
+  double value;
+};
+
+/// Feeds the reports in order (adding each trial before its first report, unless `added`) and
+/// returns the decisions.
+template <class S>
+std::vector<decision> replay(S& s, std::vector<report> const& reports, std::string const& metric = "score",
+                             double sign = 1.0) {
+  std::set<std::string> added;
+  std::vector<decision> out;
+  for (auto const& r : reports) {
+    if (added.insert(r.trial).second) s.on_trial_add(r.trial, json::object());
+    out.push_back(s.on_trial_result(r.trial, at(r.iteration, metric, sign * r.value)).what);
+  }
+  return out;
+}
+
+constexpr auto go = decision::proceed;
+constexpr auto halt = decision::stop;
+constexpr auto hold = decision::pause;
+
+}  // namespace
+
+TEST_CASE("the scheduling policies satisfy the scheduler concept", "[tuning][pure]") {
+  STATIC_REQUIRE(cohort::scheduler<schedule::fifo>);
+  STATIC_REQUIRE(cohort::scheduler<schedule::asha>);
+  STATIC_REQUIRE(cohort::scheduler<schedule::median_stopping>);
+  STATIC_REQUIRE(cohort::scheduler<schedule::pbt>);
+}
+
+TEST_CASE("fifo lets every trial proceed", "[tuning][pure]") {
+  schedule::fifo f;
+  f.setup({});
+  f.on_trial_add("a", json::object());
+  for (int i = 1; i < 5; ++i) CHECK(f.on_trial_result("a", at(i, "score", -i)).what == go);
+  CHECK(f.save_state() == json::object());
+}
+
+TEST_CASE("numpy's linear nanpercentile is reproduced", "[tuning][pure]") {
+  using schedule::detail::nan_percentile;
+  double const nan = std::nan("");
+  // Values from numpy 2.x, np.nanpercentile(values, q).
+  CHECK(nan_percentile({1, 2, 4}, 75) == 3.0);       // index 1.5: 4 - (4 - 2) * 0.5
+  CHECK(nan_percentile({4, 1, 3, 2}, 75) == 3.25);   // sorted, index 2.25: 3 + 1 * 0.25
+  CHECK(nan_percentile({1, nan, 2, 4}, 75) == 3.0);  // NaN dropped
+  CHECK(nan_percentile({0.1, 0.2, 0.7}, 100 * (1 - 1.0 / 3)) == Approx(0.3666666666666667));
+  CHECK(nan_percentile({5}, 50) == 5.0);
+  CHECK(std::isnan(nan_percentile({nan}, 50)));
+  CHECK(std::isnan(nan_percentile({}, 50)));
+}
+
+TEST_CASE("asha places rungs as Ray does", "[tuning][pure]") {
+  // MAX_RUNGS = int(log(8 / 1) / log(2) - s + 1): 4 for bracket 0, 3 for 1, 2 for 2; largest first.
+  schedule::asha a{.max_t = 8, .grace_period = 1, .reduction_factor = 2, .brackets = 3};
+  CHECK(a.milestones(0) == std::vector<double>{8, 4, 2, 1});
+  CHECK(a.milestones(1) == std::vector<double>{8, 4, 2});
+  CHECK(a.milestones(2) == std::vector<double>{8, 4});
+  // Ray's defaults: int(log(100) / log(4) + 1) = int(4.32) = 4 rungs, 4^3 .. 4^0.
+  CHECK(schedule::asha{}.milestones() == std::vector<double>{64, 16, 4, 1});
+}
+
+TEST_CASE("asha stops trials below the median of a rung, and all trials at max_t", "[tuning][pure]") {
+  // grace 1, rf 2, max_t 8: rungs at 8, 4, 2, 1; the cutoff is the 50th percentile of the values
+  // recorded at a rung before. Checked against Ray 2.9.0's AsyncHyperBandScheduler.
+  schedule::asha a{.metric = "score", .max_t = 8, .grace_period = 1, .reduction_factor = 2};
+  a.setup({});
+  std::vector<report> reports{
+      {"A", 1, 4},   // rung 1 empty: no cutoff; records A=4
+      {"B", 1, 6},   // rung 1 {4}: cutoff 4; 6 >= 4 proceeds
+      {"C", 1, 3},   // rung 1 {4,6}: index 0.5 -> 6 - 2*0.5 = 5; 3 < 5 stops
+      {"D", 1, 5},   // rung 1 {3,4,6}: index 1.0 -> 4; 5 >= 4 proceeds
+      {"A", 2, 7},   // rung 2 empty: records A=7
+      {"B", 2, 5},   // rung 2 {7}: cutoff 7; 5 < 7 stops
+      {"D", 2, 8},   // rung 2 {5,7}: 7 - 2*0.5 = 6; 8 >= 6 proceeds
+      {"A", 3, 7},   // no new rung reached (2 and 1 recorded, 4 not reached)
+      {"D", 3, 9},   // likewise
+      {"A", 4, 8},   // rung 4 empty: records A=8
+      {"D", 4, 10},  // rung 4 {8}: cutoff 8; 10 >= 8 proceeds
+      {"A", 7, 17},  // no new rung
+      {"A", 8, 18},  // 8 >= max_t: stops (stop_last_trials)
+      {"D", 8, 18},  // likewise
+  };
+  CHECK(replay(a, reports) == std::vector<decision>{go, go, halt, go, go, halt, go, go, go, go, go, go, halt, halt});
+  CHECK(a.num_stopped() == 4);
+
+  SECTION("mode min on the negated metric decides the same") {
+    schedule::asha fresh{.metric = "score", .max_t = 8, .grace_period = 1, .reduction_factor = 2};
+    fresh.setup({});
+    schedule::asha negated{.max_t = 8, .grace_period = 1, .reduction_factor = 2};
+    negated.setup({.metric = "loss", .mode = cohort::min});
+    CHECK(replay(negated, reports, "loss", -1.0) == replay(fresh, reports));
+  }
+}
+
+TEST_CASE("asha's default 75th-percentile cutoff interpolates between recorded values", "[tuning][pure]") {
+  // rf 4: the cutoff is nanpercentile(recorded, 75). Checked against Ray 2.9.0.
+  schedule::asha a{.metric = "score"};
+  a.setup({});
+  CHECK(replay(a, {
+                      {"A", 1, 1},    // no cutoff
+                      {"B", 1, 2},    // {1}: 1
+                      {"C", 1, 3},    // {1,2}: index 0.75 -> 2 - 1*0.25 = 1.75
+                      {"D", 1, 4},    // {1,2,3}: index 1.5 -> 3 - 1*0.5 = 2.5
+                      {"E", 1, 3.2},  // {1,2,3,4}: index 2.25 -> 3 + 1*0.25 = 3.25; 3.2 < 3.25 stops
+                      {"F", 1, 3.3},  // {1,2,3,3.2,4}: index 3 -> 3.2; 3.3 >= 3.2 proceeds
+                  }) == std::vector<decision>{go, go, go, go, halt, go});
+}
+
+TEST_CASE("asha without stop_last_trials records at max_t and lets the trial go on", "[tuning][pure]") {
+  schedule::asha a{.metric = "score", .max_t = 2, .grace_period = 1, .reduction_factor = 2, .stop_last_trials = false};
+  a.setup({});
+  // rungs 2, 1. A: rung 1 then rung 2 recorded; at 3 it has recorded at rung 2 -> break, proceed.
+  // B at 2: rung 2 {A=5}: cutoff 5; 1 < 5 stops.
+  CHECK(replay(a, {{"A", 1, 1}, {"A", 2, 5}, {"A", 3, 5}, {"B", 1, 2}, {"B", 2, 1}}) ==
+        std::vector<decision>{go, go, go, go, halt});
+}
+
+TEST_CASE("asha counts a completed trial's last result at the rung it reached", "[tuning][pure]") {
+  schedule::asha a{.metric = "score", .max_t = 8, .grace_period = 1, .reduction_factor = 2};
+  a.setup({});
+  a.on_trial_add("A", json::object());
+  a.on_trial_complete("A", at(1, "score", 10));  // records A=10 at rung 1, forgets A
+  a.on_trial_add("B", json::object());
+  CHECK(a.on_trial_result("B", at(1, "score", 9)).what == halt);  // cutoff 10
+  a.on_trial_complete("B", nullptr);                              // a failed trial: nothing to record
+  CHECK_THROWS_WITH(a.on_trial_result("B", at(2, "score", 9)), contains_text("never added"));
+}
+
+TEST_CASE("asha deals trials to brackets reproducibly and round-trips its state", "[tuning][pure]") {
+  auto make = [] {
+    schedule::asha a{.metric = "score", .max_t = 8, .grace_period = 1, .reduction_factor = 2, .brackets = 3, .seed = 7};
+    a.setup({});
+    return a;
+  };
+  auto a = make(), b = make();
+  std::vector<report> first, second;
+  for (int t = 0; t < 12; ++t) first.push_back({"t" + std::to_string(t), 1, double((t * 7) % 5)});
+  for (int t = 0; t < 12; ++t) second.push_back({"t" + std::to_string(t), 2, double((t * 3) % 4)});
+  CHECK(replay(a, first) == replay(b, first));
+  CHECK(a.state_.trial_bracket == b.state_.trial_bracket);
+  std::set<std::size_t> used;
+  for (auto const& [id, br] : a.state_.trial_bracket) used.insert(br);
+  CHECK(used.size() > 1);  // softmax over sizes {4, 3, 2}: p = {0.67, 0.24, 0.09}
+
+  auto restored = make();
+  restored.restore_state(json::parse(a.save_state().dump()));
+  CHECK(restored.save_state() == a.save_state());
+  std::vector<decision> da, dr;
+  for (auto const& r : second) {
+    da.push_back(a.on_trial_result(r.trial, at(r.iteration, "score", r.value)).what);
+    dr.push_back(restored.on_trial_result(r.trial, at(r.iteration, "score", r.value)).what);
+  }
+  CHECK(da == dr);
+  a.on_trial_add("late", json::object());
+  restored.on_trial_add("late", json::object());
+  CHECK(a.state_.trial_bracket.at("late") == restored.state_.trial_bracket.at("late"));
+}
+
+TEST_CASE("asha rejects bad knobs and results without its keys", "[tuning][pure]") {
+  CHECK_THROWS_WITH(schedule::asha{}.setup({}),
+                    contains_text("set schedule::asha's .metric or the tuner's objective metric"));
+  CHECK_THROWS_WITH((schedule::asha{.max_t = 2, .grace_period = 4}.setup({.metric = "m"})),
+                    contains_text(".grace_period must be at most .max_t"));
+  CHECK_THROWS_WITH(schedule::asha{.reduction_factor = 1}.setup({.metric = "m"}), contains_text(".reduction_factor"));
+  CHECK_THROWS_WITH(schedule::asha{.brackets = 0}.setup({.metric = "m"}), contains_text(".brackets"));
+  CHECK_THROWS_WITH(schedule::asha{}.on_trial_add("a", {}), contains_text("before setup"));
+
+  schedule::asha a;
+  a.setup({.metric = "score"});
+  a.on_trial_add("a", json::object());
+  CHECK_THROWS_WITH(a.on_trial_result("a", json{{"training_iteration", 1}, {"loss", 0.5}}),
+                    contains_text("has no \"score\" (its keys: loss, training_iteration)"));
+  CHECK_THROWS_WITH(a.on_trial_result("a", json{{"score", 1}}), contains_text("has no \"training_iteration\""));
+  CHECK_THROWS_WITH(a.on_trial_result("a", json{{"training_iteration", 1}, {"score", "high"}}),
+                    contains_text("not a number"));
+}
+
+TEST_CASE("a scheduler's own metric overrides the objective, and nested metrics are found", "[tuning][pure]") {
+  schedule::asha a{.metric = "eval/acc", .mode = cohort::max, .max_t = 8, .grace_period = 1, .reduction_factor = 2};
+  a.setup({.metric = "loss", .mode = cohort::min});
+  a.on_trial_add("A", json::object());
+  a.on_trial_add("B", json::object());
+  CHECK(a.on_trial_result("A", {{"training_iteration", 1}, {"eval", {{"acc", 0.5}}}}).what == go);
+  CHECK(a.on_trial_result("B", {{"training_iteration", 1}, {"eval/acc", 0.25}}).what == halt);  // 0.25 < 0.5
+}
+
+TEST_CASE("the median rule stops a trial whose best is below the median of the others' running means",
+          "[tuning][pure]") {
+  // time = training_iteration, grace 2, at least 2 other trials that reached t. Running means
+  // over results with 2 <= time <= t. Checked against Ray 2.9.0's MedianStoppingRule.
+  std::vector<report> reports{
+      {"A", 1, 1},    // t < grace: proceed
+      {"B", 1, 3},    // likewise
+      {"C", 1, 2},    // likewise
+      {"D", 1, 5},    // likewise
+      {"A", 2, 2},    // nobody else reached 2: too few samples, nobody waits: proceed
+      {"B", 2, 4},    // only A reached 2: proceed
+      {"C", 2, 1},    // A 2, B 4: median (2+4)/2 = 3; C's best max(2,1) = 2 < 3: stop
+      {"D", 2, 6},    // A 2, B 4, C 1: median 2; best 6: proceed
+      {"D", 3, 7},    // nobody else reached 3: proceed
+      {"B", 3, 5},    // only D reached 3: proceed
+      {"A", 3, 2.5},  // D mean(6,7) = 6.5, B mean(4,5) = 4.5: median 5.5; best 2.5: stop
+  };
+  auto const expected = std::vector<decision>{go, go, go, go, go, go, halt, go, go, go, halt};
+  schedule::median_stopping m{
+      .time_attr = "training_iteration", .metric = "score", .grace_period = 2, .min_samples_required = 2};
+  m.setup({});
+  CHECK(replay(m, reports) == expected);
+
+  SECTION("in mode min on the negated metric") {
+    schedule::median_stopping n{.time_attr = "training_iteration", .grace_period = 2, .min_samples_required = 2};
+    n.setup({.metric = "loss", .mode = cohort::min});
+    CHECK(replay(n, reports, "loss", -1.0) == expected);
+  }
+  SECTION("pausing instead with hard_stop false, then proceeding whatever it reports") {
+    schedule::median_stopping s{.time_attr = "training_iteration",
+                                .metric = "score",
+                                .grace_period = 2,
+                                .min_samples_required = 2,
+                                .hard_stop = false};
+    s.setup({});
+    std::vector<report> soft(reports.begin(), reports.begin() + 7);
+    soft.push_back({"C", 3, -9});  // resumed: FIFO from now on
+    CHECK(replay(s, soft) == std::vector<decision>{go, go, go, go, go, go, hold, go});
+  }
+}
+
+TEST_CASE("the median rule yields to paused trials when it lacks samples", "[tuning][pure]") {
+  // grace 1, one other trial needed, hard_stop false. Checked against Ray 2.9.0 (trials PAUSED
+  // by the rule count as waiting; a trial added but not yet reporting counts as running).
+  auto make = [](double min_time_slice) {
+    schedule::median_stopping m{.time_attr = "training_iteration",
+                                .metric = "score",
+                                .grace_period = 1,
+                                .min_samples_required = 1,
+                                .min_time_slice = min_time_slice,
+                                .hard_stop = false};
+    m.setup({});
+    m.on_trial_add("A", json::object());
+    m.on_trial_add("B", json::object());
+    return m;
+  };
+  SECTION("with no min_time_slice it pauses whenever another trial waits") {
+    auto m = make(0);
+    CHECK(replay(m, {
+                        {"A", 1, 5},  // nobody else reached 1, nobody waits (B added, not reporting): proceed
+                        {"B", 1, 1},  // A's mean 5 > B's best 1: paused (waits from now on)
+                        {"A", 2, 5},  // nobody else reached 2, B waits: yield
+                        {"A", 3, 5},  // 3 - 2 > 0: yield again
+                    }) == std::vector<decision>{go, hold, hold, hold});
+  }
+  SECTION("min_time_slice spaces the yields out") {
+    auto m = make(5);
+    // A yields at 2 (2 - (-inf) > 5), not at 3 or 7 (1, 5 past it), again at 8. B, resumed, is
+    // past judging (FIFO) and no longer waits, so A proceeds at 20.
+    CHECK(replay(m, {{"A", 1, 5},
+                     {"B", 1, 1},
+                     {"A", 2, 5},
+                     {"A", 3, 5},
+                     {"A", 7, 5},
+                     {"A", 8, 5},
+                     {"B", 2, 1},
+                     {"A", 20, 5}}) == std::vector<decision>{go, hold, hold, go, go, hold, go, go});
+  }
+}
+
+TEST_CASE("the median rule leaves out trials with no result in the window", "[tuning][pure]") {
+  // Ray would average nothing (NaN) for X and stop Y; here X is left out and Y proceeds.
+  schedule::median_stopping m{.metric = "score", .grace_period = 60, .min_samples_required = 1};
+  m.setup({});
+  m.on_trial_add("X", json::object());
+  CHECK(m.on_trial_result("X", {{"time_total_s", 50}, {"score", 10}}).what == go);
+  CHECK(m.on_trial_result("X", {{"time_total_s", 200}, {"score", 10}}).what == go);  // nobody waits
+  m.on_trial_add("Y", json::object());
+  CHECK(m.on_trial_result("Y", {{"time_total_s", 100}, {"score", 1}}).what == go);
+}
+
+TEST_CASE("the median rule round-trips its state and keeps completed trials", "[tuning][pure]") {
+  auto make = [] {
+    schedule::median_stopping m{
+        .time_attr = "training_iteration", .metric = "score", .grace_period = 2, .min_samples_required = 2};
+    m.setup({});
+    return m;
+  };
+  auto m = make();
+  replay(m, {{"A", 1, 1}, {"B", 1, 3}, {"C", 1, 2}, {"A", 2, 2}, {"B", 2, 4}});
+  m.on_trial_complete("B", at(2, "score", 4));  // already reported: not counted twice
+  m.on_trial_complete("A", at(3, "score", 2));  // new: counted
+  CHECK(m.state_.trials.at("B").results.size() == 2);
+  CHECK(m.state_.trials.at("A").results.size() == 3);
+  auto r = make();
+  r.restore_state(json::parse(m.save_state().dump()));
+  CHECK(r.save_state() == m.save_state());
+  // C at 2: A mean(2) over [2,2] = 2, B 4: median 3; C's best 2: both stop it.
+  CHECK(m.on_trial_result("C", at(2, "score", 1)).what == halt);
+  CHECK(r.on_trial_result("C", at(2, "score", 1)).what == halt);
+  CHECK_THROWS_WITH(schedule::median_stopping{}.setup({}), contains_text("needs a metric"));
+}
+
+namespace {
+
+/// A pbt over lr (log range), bs (value list) and layers (integer range).
+schedule::pbt population_pbt(double quantile, double resample, std::uint64_t seed = 1) {
+  schedule::pbt p{
+      .metric = "score",
+      .hyperparam_mutations = {{"lr", schedule::mutation::range{.low = 1e-4, .high = 1.0, .log = true}},
+                               {"bs", schedule::mutation::values({16, 32, 64, 128})},
+                               {"layers", schedule::mutation::range{.low = 1, .high = 8, .integer = true}}},
+      .quantile_fraction = quantile,
+      .resample_probability = resample,
+      .seed = seed,
+  };
+  p.setup({});
+  p.on_trial_add("A", {{"lr", 0.01}, {"bs", 128}, {"layers", 8}, {"name", "a"}});
+  p.on_trial_add("B", {{"lr", 0.1}, {"bs", 16}, {"layers", 1}, {"name", "b"}});
+  p.on_trial_add("C", {{"lr", 0.001}, {"bs", 32}, {"layers", 4}, {"name", "c"}});
+  p.on_trial_add("D", {{"lr", 0.5}, {"bs", 64}, {"layers", 2}, {"name", "d"}});
+  return p;
+}
+
+/// Iterations 1-3 for all, then iteration 4 in the order C, B, A, D with scores 5, 8, 10, 1.
+std::vector<cohort::tuning::scheduling_decision> four_iterations(schedule::pbt& p) {
+  std::vector<cohort::tuning::scheduling_decision> out;
+  for (int i = 1; i <= 3; ++i)
+    for (auto id : {"A", "B", "C", "D"}) out.push_back(p.on_trial_result(id, at(i, "score", i)));
+  for (auto [id, score] : {std::pair{"C", 5.0}, {"B", 8.0}, {"A", 10.0}, {"D", 1.0}})
+    out.push_back(p.on_trial_result(id, at(4, "score", score)));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("pbt: the bottom trial exploits the top one at the perturbation interval", "[tuning][pure]") {
+  auto p = population_pbt(0.25, 0.0);
+  auto d = four_iterations(p);
+  REQUIRE(d.size() == 16);
+  for (std::size_t i = 0; i < 12; ++i) CHECK(d[i].what == go);  // 1..3: 3 - 0 < perturbation_interval 4
+  // At 4, each trial ranks the trials scored so far; q = min(ceil(n/4), floor(n/2)):
+  CHECK(d[12].what == go);                   // C: n = 1, no quantiles
+  CHECK(d[13].what == go);                   // B: n = 2, q = 1: lower [C 5], upper [B 8]; B is on top
+  CHECK(d[14].what == go);                   // A: n = 3, q = 1: lower [C], upper [A 10]
+  REQUIRE(d[15].what == decision::exploit);  // D: n = 4, q = 1: lower [D 1], upper [A 10]
+  CHECK(d[15].donor == "A");
+  // resample_probability 0: A's lr 0.01 * 1.2 or 0.8; bs 128 shifts to 64 or clamps at 128;
+  // layers 8 * 1.2 = 9.6 -> 10 clamped to 8, or 8 * 0.8 = 6.4 -> 6; untouched keys are A's.
+  auto const& c = d[15].config;
+  CHECK_THAT(c["lr"].get<double>(), Catch::Matchers::WithinRel(0.012) || Catch::Matchers::WithinRel(0.008));
+  CHECK((c["bs"] == 64 || c["bs"] == 128));
+  CHECK(c["layers"].is_number_integer());
+  CHECK((c["layers"] == 8 || c["layers"] == 6));
+  CHECK(c["name"] == "a");
+  CHECK(p.config_of("D") == c);
+  CHECK(p.num_perturbations() == 1);
+  // A tuner that cannot carry the exploit out re-adds the trial with the config it keeps.
+  auto q = population_pbt(0.25, 0.0);
+  four_iterations(q);
+  q.on_trial_add("D", {{"lr", 0.5}, {"bs", 64}, {"layers", 2}, {"name", "d"}});
+  CHECK(q.config_of("D")["name"] == "d");
+  // D took A's perturbation time (4): its next check is at 8, not 5.
+  for (int i = 5; i < 8; ++i) CHECK(p.on_trial_result("D", at(i, "score", 0)).what == go);
+}
+
+TEST_CASE("pbt: with quantile 0.5 the donor is one of the top half", "[tuning][pure]") {
+  std::set<std::string> donors;
+  for (std::uint64_t seed = 0; seed < 16; ++seed) {
+    auto p = population_pbt(0.5, 0.0, seed);
+    auto d = four_iterations(p);
+    // C, B, A as before (q = 1 for n <= 3); D: q = 2, lower [D, C], upper [B, A].
+    for (std::size_t i = 0; i < 15; ++i) CHECK(d[i].what == go);
+    REQUIRE(d[15].what == decision::exploit);
+    auto const& c = d[15].config;
+    donors.insert(d[15].donor);
+    if (d[15].donor == "B") {
+      // B: lr 0.1 -> 0.12 or 0.08; bs 16 clamps at 16 or shifts to 32; layers 1*1.2 and 1*0.8 round to 1.
+      CHECK_THAT(c["lr"].get<double>(), Catch::Matchers::WithinRel(0.12) || Catch::Matchers::WithinRel(0.08));
+      CHECK((c["bs"] == 16 || c["bs"] == 32));
+      CHECK(c["layers"] == 1);
+      CHECK(c["name"] == "b");
+    } else {
+      REQUIRE(d[15].donor == "A");
+      CHECK(c["name"] == "a");
+    }
+  }
+  CHECK(donors == std::set<std::string>{"A", "B"});
+}
+
+TEST_CASE("pbt: resampling draws within the range or from the list", "[tuning][pure]") {
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    auto p = population_pbt(0.25, 1.0, seed);
+    auto c = four_iterations(p).back().config;
+    CHECK(c["lr"].get<double>() >= 1e-4);
+    CHECK(c["lr"].get<double>() <= 1.0);
+    CHECK((c["bs"] == 16 || c["bs"] == 32 || c["bs"] == 64 || c["bs"] == 128));
+    CHECK(c["layers"].is_number_integer());
+    CHECK(c["layers"].get<int>() >= 1);
+    CHECK(c["layers"].get<int>() <= 8);
+  }
+}
+
+TEST_CASE("pbt: nothing happens before the interval, the burn-in, or without a top quantile", "[tuning][pure]") {
+  SECTION("burn-in 6 delays the first check to iteration 6") {
+    schedule::pbt p{.metric = "score",
+                    .burn_in_period = 6,
+                    .hyperparam_mutations = {{"lr", schedule::mutation::range{.low = 0.0, .high = 1.0}}}};
+    p.setup({});
+    p.on_trial_add("A", {{"lr", 0.5}});
+    p.on_trial_add("B", {{"lr", 0.1}});
+    for (int i = 1; i <= 5; ++i) {
+      CHECK(p.on_trial_result("A", at(i, "score", 10)).what == go);
+      CHECK(p.on_trial_result("B", at(i, "score", 1)).what == go);
+    }
+    CHECK(p.on_trial_result("A", at(6, "score", 10)).what == go);  // n = 1
+    auto d = p.on_trial_result("B", at(6, "score", 1));            // n = 2, q = 1: B below A
+    CHECK(d.what == decision::exploit);
+    CHECK(d.donor == "A");
+  }
+  SECTION("quantile_fraction 0 never exploits") {
+    auto p = population_pbt(0.0, 0.0);
+    for (auto const& d : four_iterations(p)) CHECK(d.what == go);
+  }
+  SECTION("a finished trial is no donor") {
+    auto p = population_pbt(0.25, 0.0);
+    for (int i = 1; i <= 3; ++i)
+      for (auto id : {"A", "B", "C", "D"}) p.on_trial_result(id, at(i, "score", i));
+    CHECK(p.on_trial_result("A", at(4, "score", 10)).what == go);
+    p.on_trial_complete("A", at(4, "score", 10));
+    auto d = p.on_trial_result("D", at(4, "score", 1));  // n = 1 (A finished): nothing
+    CHECK(d.what == go);
+    CHECK(p.on_trial_result("B", at(4, "score", 8)).what == go);  // n = 2: lower [D], upper [B]
+  }
+}
+
+TEST_CASE("pbt: the same seed gives the same exploits, and a restored state continues identically", "[tuning][pure]") {
+  auto drive = [](schedule::pbt& p, int from, int to) {
+    std::vector<json> out;
+    for (int i = from; i <= to; ++i)
+      for (auto [id, base] : {std::pair{"A", 4.0}, {"B", 3.0}, {"C", 2.0}, {"D", 1.0}}) {
+        auto d = p.on_trial_result(id, at(i, "score", base + std::sin(i * base)));
+        out.push_back({static_cast<int>(d.what), d.donor, d.config});
+      }
+    return out;
+  };
+  auto a = population_pbt(0.5, 0.25, 42), b = population_pbt(0.5, 0.25, 42);
+  auto da = drive(a, 1, 12);
+  CHECK(da == drive(b, 1, 12));
+  CHECK(a.num_perturbations() > 0);
+
+  auto restored = population_pbt(0.5, 0.25, 999);  // a different seed: the saved rng wins
+  restored.restore_state(json::parse(a.save_state().dump()));
+  CHECK(restored.save_state() == a.save_state());
+  CHECK(drive(restored, 13, 30) == drive(a, 13, 30));
+}
+
+TEST_CASE("pbt: nested keys, custom resampling and custom explore", "[tuning][pure]") {
+  schedule::pbt p{
+      .metric = "loss",
+      .mode = cohort::min,
+      .hyperparam_mutations = {{"optim/lr", schedule::mutation::range{.low = 0.0, .high = 1.0}},
+                               {"seed",
+                                schedule::mutation::range{.resample = [](std::mt19937_64&) { return json(7); }}}},
+      .resample_probability = 0.0,
+      .custom_explore =
+          [](json c, std::mt19937_64&) {
+            c["explored"] = true;
+            return c;
+          },
+  };
+  p.setup({.metric = "ignored", .mode = cohort::max});
+  p.on_trial_add("good", {{"optim", {{"lr", 0.5}}}});
+  p.on_trial_add("bad", {{"optim", {{"lr", 0.25}}}});
+  CHECK(p.on_trial_result("good", at(4, "loss", 0.1)).what == go);
+  auto d = p.on_trial_result("bad", at(4, "loss", 0.9));  // min: 0.9 is worse
+  REQUIRE(d.what == decision::exploit);
+  CHECK(d.donor == "good");
+  CHECK_THAT(d.config["optim"]["lr"].get<double>(), Catch::Matchers::WithinRel(0.6) || Catch::Matchers::WithinRel(0.4));
+  CHECK(d.config["seed"] == 7);  // missing from the donor's config: drawn
+  CHECK(d.config["explored"] == true);
+}
+
+TEST_CASE("pbt rejects bad knobs and results without its keys", "[tuning][pure]") {
+  auto lr =
+      std::vector<std::pair<std::string, schedule::mutation>>{{"lr", schedule::mutation::range{.low = 0, .high = 1}}};
+  CHECK_THROWS_WITH((schedule::pbt{.metric = "m", .hyperparam_mutations = lr, .quantile_fraction = 0.6}.setup({})),
+                    contains_text(".quantile_fraction must be between 0 and 0.5"));
+  CHECK_THROWS_WITH(schedule::pbt{.metric = "m"}.setup({}),
+                    contains_text("set .hyperparam_mutations or .custom_explore"));
+  CHECK_THROWS_WITH((schedule::pbt{.metric = "m", .perturbation_interval = 0, .hyperparam_mutations = lr}.setup({})),
+                    contains_text(".perturbation_interval must be positive"));
+  CHECK_THROWS_WITH(
+      (schedule::pbt{.metric = "m",
+                     .hyperparam_mutations = {{"x", schedule::mutation::range{.low = 0, .high = 1, .log = true}}}}
+           .setup({})),
+      contains_text("needs .low > 0"));
+  CHECK_THROWS_WITH(
+      (schedule::pbt{.metric = "m", .hyperparam_mutations = {{"x", schedule::mutation::range{}}}}.setup({})),
+      contains_text("needs a finite .low and .high, or a .resample function"));
+  CHECK_THROWS_WITH(
+      (schedule::pbt{.metric = "m", .hyperparam_mutations = {{"x", schedule::mutation::values({})}}}.setup({})),
+      contains_text("is empty"));
+  CHECK_THROWS_WITH((schedule::pbt{.hyperparam_mutations = lr}.setup({})), contains_text("needs a metric"));
+
+  schedule::pbt p{.metric = "score", .hyperparam_mutations = lr};
+  p.setup({});
+  p.on_trial_add("a", {{"lr", 0.5}});
+  CHECK_THROWS_WITH(p.on_trial_result("a", json{{"training_iteration", 1}}), contains_text("has no \"score\""));
+  CHECK_THROWS_WITH(p.on_trial_result("z", at(1, "score", 1)), contains_text("never added"));
+}
