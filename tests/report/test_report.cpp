@@ -1,6 +1,7 @@
 #include <cohort/report/console.hpp>
 #include <cohort/report/flatten.hpp>
 #include <cohort/report/run_directory.hpp>
+#include <cohort/report/trial_table.hpp>
 
 #include <fstream>
 #include <sstream>
@@ -57,4 +58,19 @@ TEST_CASE("the progress line shows the iteration, time and metrics", "[report][p
   auto line = cohort::report::progress_line(
       "run", {{"training_iteration", 3}, {"time_total_s", 12.34}, {"loss", 0.25}, {"timestamp", 1}});
   CHECK(line == "[cohort] run iter 3 (12.3 s): loss=0.25");
+}
+
+TEST_CASE("the trial table shows each trial's status, parameters and metric; the CSV has one row per trial", "[report][pure]") {
+  std::vector<cohort::report::trial_row> trials{
+      {"trial_00000", "TERMINATED", {{"lr", 0.1}, {"opt", {{"m", 0.9}}}}, {{"acc", 0.5}, {"training_iteration", 3}, {"time_total_s", 1.5}}, "/x/trial_00000", ""},
+      {"trial_00001", "RUNNING", {{"lr", 0.01}, {"opt", {{"m", 0.8}}}}, {{"acc", 0.25}, {"training_iteration", 1}, {"time_total_s", 0.5}}, "/x/trial_00001", ""},
+      {"trial_00002", "ERROR", {{"lr", 1.0}, {"opt", {{"m", 0.0}}}}, nlohmann::json::object(), "/x/trial_00002", "boom, \"bad\""}};
+  auto table = cohort::report::trial_table(trials, "acc", 12.0);
+  CHECK_THAT(table, contains_text("3 trials: 1 ERROR 1 RUNNING 1 TERMINATED"));
+  CHECK_THAT(table, contains_text("| trial       | status     | lr   | opt/m | acc  | iter | total time (s) |"));
+  CHECK(table.find("trial_00001") < table.find("trial_00000"));  // running trials first
+  CHECK(cohort::report::trial_table(trials, "acc", 1.0, 2).find("1 more trials not shown") != std::string::npos);
+  auto csv = cohort::report::trials_csv(trials);
+  CHECK(csv.substr(0, csv.find('\n')) == "trial_id,status,acc,time_total_s,training_iteration,config/lr,config/opt/m,logdir,error");
+  CHECK_THAT(csv, contains_text("trial_00002,ERROR,,,,1,0,/x/trial_00002,\"boom, \"\"bad\"\"\""));
 }

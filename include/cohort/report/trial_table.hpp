@@ -1,0 +1,149 @@
+#pragma once
+/// \file
+/// The tuner's console status table (Ray's CLIReporter) and its experiment-level CSV (Ray's
+/// results_df): pure functions of the trial list, so they are tested without running anything.
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/report/flatten.hpp"
+
+namespace cohort::report {
+
+/// One trial as the table and the CSV see it.
+struct trial_row {
+  std::string id;                                ///< e.g. "trial_00003"
+  std::string status;                            ///< PENDING, RUNNING, PAUSED, TERMINATED, ERROR
+  nlohmann::json config = nlohmann::json::object();  ///< the trial's current hyperparameters
+  nlohmann::json last = nlohmann::json::object();    ///< its last result (empty before the first)
+  std::string path;                              ///< the trial directory
+  std::string error;                             ///< why it failed, if it did
+};
+
+namespace detail {
+
+inline std::string cell(nlohmann::json const& v) {
+  if (v.is_null()) return "";
+  if (v.is_number_float()) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.5g", v.get<double>());
+    return buf;
+  }
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
+
+inline std::map<std::string, nlohmann::json> flat_map(nlohmann::json const& j) {
+  std::map<std::string, nlohmann::json> out;
+  for (auto& [k, v] : flatten(j)) out.emplace(k, v);
+  return out;
+}
+
+inline std::string csv_cell(std::string s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+}  // namespace detail
+
+/// The status table: a header line with trial counts by status, then one row per trial (trial,
+/// status, each hyperparameter, `metric`, iterations, total time), at most `max_rows` rows (the
+/// rest summarised in one line), running trials first, then paused, pending, finished, errored.
+inline std::string trial_table(std::vector<trial_row> const& trials, std::string const& metric, double elapsed_s,
+                               std::size_t max_rows = 20) {
+  std::map<std::string, int> counts;
+  std::vector<std::string> params;
+  for (auto const& t : trials) {
+    ++counts[t.status];
+    for (auto const& [k, v] : flatten(t.config))
+      if (std::find(params.begin(), params.end(), k) == params.end()) params.push_back(k);
+  }
+  std::vector<std::string> head{"trial", "status"};
+  head.insert(head.end(), params.begin(), params.end());
+  if (!metric.empty()) head.push_back(metric);
+  head.push_back("iter");
+  head.push_back("total time (s)");
+
+  auto rank_of = [](std::string const& s) {
+    static std::string const order[] = {"RUNNING", "PAUSED", "PENDING", "TERMINATED", "ERROR"};
+    for (int i = 0; i < 5; ++i)
+      if (s == order[i]) return i;
+    return 5;
+  };
+  std::vector<trial_row const*> shown;
+  for (auto const& t : trials) shown.push_back(&t);
+  std::stable_sort(shown.begin(), shown.end(), [&](auto* a, auto* b) { return rank_of(a->status) < rank_of(b->status); });
+  std::size_t const hidden = shown.size() > max_rows ? shown.size() - max_rows : 0;
+  shown.resize(std::min(shown.size(), max_rows));
+
+  std::vector<std::vector<std::string>> cells{head};
+  for (auto const* t : shown) {
+    auto config = detail::flat_map(t->config);
+    auto last = detail::flat_map(t->last);
+    std::vector<std::string> row{t->id, t->status};
+    for (auto const& p : params) row.push_back(config.contains(p) ? detail::cell(config[p]) : "");
+    if (!metric.empty()) row.push_back(last.contains(metric) ? detail::cell(last[metric]) : "");
+    row.push_back(last.contains("training_iteration") ? detail::cell(last["training_iteration"]) : "");
+    row.push_back(last.contains("time_total_s") ? detail::cell(last["time_total_s"]) : "");
+    cells.push_back(std::move(row));
+  }
+  std::vector<std::size_t> width(head.size(), 0);
+  for (auto const& r : cells)
+    for (std::size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  std::string rule = "+";
+  for (auto w : width) rule += std::string(w + 2, '-') + "+";
+
+  char line[160];
+  std::snprintf(line, sizeof line, "== Status == running for %.1f s; %zu trials:", elapsed_s, trials.size());
+  std::string out = line;
+  for (auto const& [status, n] : counts) out += " " + std::to_string(n) + " " + status;
+  out += "\n" + rule + "\n";
+  for (std::size_t r = 0; r < cells.size(); ++r) {
+    out += "|";
+    for (std::size_t i = 0; i < cells[r].size(); ++i)
+      out += " " + cells[r][i] + std::string(width[i] - cells[r][i].size(), ' ') + " |";
+    out += "\n";
+    if (r == 0) out += rule + "\n";
+  }
+  out += rule + "\n";
+  if (hidden > 0) out += "... " + std::to_string(hidden) + " more trials not shown\n";
+  return out;
+}
+
+/// The experiment-level CSV (Ray's ResultGrid.get_dataframe()): one row per trial with its last
+/// result flattened (a/b keys), its hyperparameters as config/<key>, trial_id, status, logdir.
+inline std::string trials_csv(std::vector<trial_row> const& trials) {
+  std::vector<std::string> columns{"trial_id", "status"};
+  std::vector<std::map<std::string, std::string>> rows;
+  auto add = [&](std::map<std::string, std::string>& row, std::string const& k, std::string v) {
+    if (std::find(columns.begin(), columns.end(), k) == columns.end()) columns.push_back(k);
+    row[k] = std::move(v);
+  };
+  for (auto const& t : trials) {
+    std::map<std::string, std::string> row{{"trial_id", t.id}, {"status", t.status}};
+    for (auto const& [k, v] : flatten(t.last)) add(row, k, detail::cell(v));
+    for (auto const& [k, v] : flatten(t.config)) add(row, "config/" + k, detail::cell(v));
+    add(row, "logdir", t.path);
+    if (!t.error.empty()) add(row, "error", t.error);
+    rows.push_back(std::move(row));
+  }
+  std::string out;
+  for (std::size_t i = 0; i < columns.size(); ++i) out += (i ? "," : "") + detail::csv_cell(columns[i]);
+  out += "\n";
+  for (auto const& row : rows) {
+    for (std::size_t i = 0; i < columns.size(); ++i) {
+      auto it = row.find(columns[i]);
+      out += (i ? "," : "") + (it == row.end() ? std::string{} : detail::csv_cell(it->second));
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace cohort::report

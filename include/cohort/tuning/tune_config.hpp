@@ -1,0 +1,26 @@
+#pragma once
+/// \file
+/// cohort::tune_config: what a tuning run optimises and how many trials run side by side.
+
+#include <cstddef>
+#include <string>
+
+#include "cohort/checkpointing/policies.hpp"  // cohort::order
+
+namespace cohort {
+
+/// The knobs of a tuning run (Ray's TuneConfig). Passed to cohort::tuner with its policies.
+struct tune_config {
+  std::string metric{};                     ///< the metric searchers and schedulers optimise
+  cohort::order mode = cohort::order::max;  ///< its direction
+  std::size_t num_samples = 1;              ///< repeats of the search space (the whole grid num_samples times)
+  int ranks_per_trial = 1;                  ///< ranks of each trial group; must divide the world size
+  std::size_t max_concurrent_trials = 0;    ///< at most this many trials at once; 0: one per group
+  double status_interval_s = 5.0;           ///< console status table at most this often (Ray's CLIReporter: 5 s)
+  double state_interval_s = 1.0;            ///< experiment_state.json and trials.csv rewritten at most this often
+  /// Class trainables (setup/step/save_checkpoint/load_checkpoint): checkpoint every this many
+  /// steps (and at a step whose result says "done"); 0 never.
+  std::size_t checkpoint_frequency = 1;
+};
+
+}  // namespace cohort

@@ -1,0 +1,685 @@
+#pragma once
+/// \file
+/// cohort::tuner: hyperparameter search inside one MPI job. The world is split into groups of
+/// `ranks_per_trial`; each group runs one trial at a time (a data-parallel trainer on the group's
+/// communicator). Rank 0 also runs a coordinator thread that owns the searcher, the scheduler and
+/// the stoppers: group leaders send it each result and get its decision back, so decisions are
+/// made as results arrive and a slow trial never blocks the others. No service, no driver.
+
+#include <mpi.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/checkpointing/checkpoint.hpp"
+#include "cohort/comm/collectives.hpp"
+#include "cohort/comm/mpi.hpp"
+#include "cohort/concepts.hpp"
+#include "cohort/environment.hpp"
+#include "cohort/report/run_directory.hpp"
+#include "cohort/report/trial_table.hpp"
+#include "cohort/run_config.hpp"
+#include "cohort/trainer.hpp"
+#include "cohort/tuning/decision.hpp"
+#include "cohort/tuning/result_grid.hpp"
+#include "cohort/tuning/schedulers.hpp"
+#include "cohort/tuning/search_space.hpp"
+#include "cohort/tuning/searchers.hpp"
+#include "cohort/tuning/stoppers.hpp"
+#include "cohort/tuning/trainable.hpp"
+#include "cohort/tuning/tune_config.hpp"
+
+namespace cohort {
+
+namespace tuning::detail {
+
+/// Message tags between group leaders and the coordinator (on a duplicate of MPI_COMM_WORLD).
+enum tag : int { request_tag = 1, result_tag = 2, complete_tag = 3, reply_tag = 11 };
+
+template <class T>
+struct is_trainer : std::false_type {};
+template <class F, class... P>
+struct is_trainer<cohort::trainer<F, P...>> : std::true_type {};
+
+template <class P>
+inline constexpr int tuner_axes = int(cohort::searcher<P>) + int(cohort::scheduler<P>) + int(cohort::stopper<P>) +
+                                  int(std::is_same_v<P, cohort::tune_config>);
+
+template <class P>
+struct check_tuner_policy {
+  static_assert(tuner_axes<P> >= 1,
+                "cohort::tuner: this argument is not a tuning policy: it must satisfy cohort::searcher, "
+                "cohort::scheduler or cohort::stopper (see cohort/concepts.hpp), or be a cohort::tune_config");
+  static_assert(tuner_axes<P> <= 1, "cohort::tuner: this policy satisfies more than one tuning concept");
+  static constexpr bool value = true;
+};
+
+template <class P> struct is_searcher : std::bool_constant<cohort::searcher<P>> {};
+template <class P> struct is_scheduler : std::bool_constant<cohort::scheduler<P>> {};
+template <class P> struct is_config : std::is_same<P, cohort::tune_config> {};
+
+template <template <class> class Is, class Default, class... Ps>
+struct pick_one {
+  static_assert(((Is<Ps>::value ? 1 : 0) + ... + 0) <= 1,
+                "cohort::tuner: two searchers, two schedulers or two tune_configs given");
+  using type = Default;
+};
+template <template <class> class Is, class Default, class P, class... Ps>
+struct pick_one<Is, Default, P, Ps...> {
+  static_assert(((Is<Ps>::value ? 1 : 0) + ... + (Is<P>::value ? 1 : 0)) <= 1,
+                "cohort::tuner: two searchers, two schedulers or two tune_configs given");
+  using type = std::conditional_t<Is<P>::value, P, typename pick_one<Is, Default, Ps...>::type>;
+};
+
+/// The stoppers among `Ps`, as a tuple.
+template <class... Ps>
+auto stoppers_of(Ps const&... ps) {
+  return std::tuple_cat([](auto const& p) {
+    if constexpr (cohort::stopper<std::decay_t<decltype(p)>>) return std::tuple(p);
+    else return std::tuple<>();
+  }(ps)...);
+}
+
+/// The trainer that runs each trial: the user's trainer, or one around a functor or class trainable.
+template <class Trainable>
+auto make_trainer(Trainable t, tune_config const& cfg) {
+  if constexpr (is_trainer<Trainable>::value) return t;
+  else if constexpr (trainable_class<Trainable>) return cohort::trainer{trainable_functor<Trainable>{std::move(t), cfg.checkpoint_frequency}};
+  else return cohort::trainer{std::move(t)};
+}
+
+inline std::string trial_id(std::size_t n) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "trial_%05zu", n);
+  return buf;
+}
+
+inline void send_json(MPI_Comm comm, int dest, int tag, nlohmann::json const& j) {
+  auto s = j.dump();
+  MPI_Send(s.data(), static_cast<int>(s.size()), MPI_CHAR, dest, tag, comm);
+}
+
+inline nlohmann::json recv_json(MPI_Comm comm, int source, int tag, MPI_Status* status = nullptr) {
+  MPI_Status st;
+  MPI_Probe(source, tag, comm, &st);
+  int n = 0;
+  MPI_Get_count(&st, MPI_CHAR, &n);
+  std::string s(static_cast<std::size_t>(n), '\0');
+  MPI_Recv(s.data(), n, MPI_CHAR, st.MPI_SOURCE, st.MPI_TAG, comm, MPI_STATUS_IGNORE);
+  if (status) *status = st;
+  return nlohmann::json::parse(s);
+}
+
+/// One trial as the coordinator tracks it.
+struct trial_state {
+  std::string id;
+  std::string status = "PENDING";  ///< PENDING, RUNNING, PAUSED, TERMINATED, ERROR
+  nlohmann::json config = nlohmann::json::object();
+  nlohmann::json last = nlohmann::json::object();
+  std::vector<nlohmann::json> history;
+  std::string restore_from;     ///< a checkpoint to start from (PBT's clone of a donor's)
+  std::string error;
+  bool resumed_after_pause = false;
+  std::optional<scheduling_decision> exploit;  ///< set between an exploit decision and the trial's end
+};
+
+inline void to_json(nlohmann::json& j, trial_state const& t) {
+  j = {{"id", t.id}, {"status", t.status}, {"config", t.config}, {"last", t.last}, {"history", t.history},
+       {"restore_from", t.restore_from}, {"error", t.error}};
+}
+inline void from_json(nlohmann::json const& j, trial_state& t) {
+  t.id = j.at("id").get<std::string>();
+  t.status = j.at("status").get<std::string>();
+  t.config = j.at("config");
+  t.last = j.at("last");
+  t.history = j.at("history").get<std::vector<nlohmann::json>>();
+  t.restore_from = j.value("restore_from", std::string{});
+  t.error = j.value("error", std::string{});
+}
+
+/// Rank 0's coordinator: the trial table, the searcher, the scheduler and the stoppers, behind
+/// one mutex. The thread in serve() answers the other group leaders over MPI; rank 0's own
+/// group calls the local_* functions directly. Every decision is logged in the trial table and
+/// written to experiment_state.json at most every state_interval_s (and at the end), so a
+/// rerun resumes the experiment.
+template <class Searcher, class Scheduler, class Stoppers>
+class coordinator {
+ public:
+  coordinator(Searcher searcher, Scheduler scheduler, Stoppers stoppers, tune_config cfg, std::filesystem::path exp,
+              std::vector<int> leaders, MPI_Comm comm, int verbose)
+      : searcher_(std::move(searcher)), scheduler_(std::move(scheduler)), stoppers_(std::move(stoppers)),
+        cfg_(std::move(cfg)), exp_(std::move(exp)), leaders_(std::move(leaders)), comm_(comm), verbose_(verbose) {}
+
+  /// Sets up the searcher and scheduler, and restores an interrupted experiment from
+  /// experiment_state.json when there is one. Throws cohort::error on bad input.
+  void start(tuning::space const& space) {
+    objective const obj{cfg_.metric, cfg_.mode};
+    searcher_.setup(space, obj, cfg_.num_samples);
+    scheduler_.setup(obj);
+    auto state_path = exp_ / "experiment_state.json";
+    std::error_code ec;
+    if (!std::filesystem::exists(state_path, ec)) return;
+    nlohmann::json state;
+    try {
+      state = nlohmann::json::parse(std::ifstream(state_path));
+    } catch (std::exception const& e) {
+      throw cohort::error(state_path.string() + " does not parse (" + e.what() +
+                          "): move it aside to start the experiment afresh, or use another run_config.name");
+    }
+    searcher_.restore_state(state.at("searcher"));
+    scheduler_.restore_state(state.at("scheduler"));
+    next_ = state.at("next_trial").get<std::size_t>();
+    exhausted_ = state.value("searcher_exhausted", false);
+    for (auto const& j : state.at("trials")) {
+      auto t = j.get<trial_state>();
+      if (t.status == "RUNNING" || t.status == "PENDING") {
+        t.status = "PENDING";
+        queue_.push_back(t.id);
+      } else if (t.status == "PAUSED") {
+        paused_.push_back(t.id);
+      }
+      order_.push_back(t.id);
+      trials_.emplace(t.id, std::move(t));
+    }
+    // Trials begun after the last state write are suggested again (same ids): move what they
+    // left aside rather than resume a checkpoint that may belong to another config.
+    for (auto const& entry : std::filesystem::directory_iterator(exp_, ec)) {
+      auto name = entry.path().filename().string();
+      if (name.rfind("trial_", 0) == 0 && name.size() == 11 && !trials_.contains(name))
+        std::filesystem::rename(entry.path(), exp_ / (name + ".orphaned_" + cohort::detail::utc_stamp()), ec);
+    }
+    restored_ = true;
+  }
+
+  bool restored() const { return restored_; }
+
+  /// The thread body: answers the other leaders until every group has been told it is done.
+  void serve() {
+    int idle = 0;
+    for (;;) {
+      {
+        std::lock_guard lock(mutex_);
+        tick();
+        if (groups_done_ == leaders_.size()) break;
+      }
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &st);
+      if (!flag) {
+        // Spin briefly while results stream in, then back off to at most 1 ms between polls so an
+        // idle coordinator costs rank 0's trial nothing measurable.
+        if (++idle < 2000) std::this_thread::yield();
+        else std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 50 * (idle - 1999))));
+        continue;
+      }
+      idle = 0;
+      auto msg = recv_json(comm_, st.MPI_SOURCE, st.MPI_TAG);
+      std::lock_guard lock(mutex_);
+      std::size_t const group = group_of(st.MPI_SOURCE);
+      if (st.MPI_TAG == request_tag) on_request(group);
+      else if (st.MPI_TAG == result_tag) deliver(group, on_result(msg));
+      else if (st.MPI_TAG == complete_tag) on_complete(msg);
+    }
+    std::lock_guard lock(mutex_);
+    write_state();
+    if (verbose_ > 0) std::cout << table() << std::flush;
+  }
+
+  /// Rank 0's own group: the next assignment, waiting until there is one.
+  nlohmann::json local_request() {
+    std::unique_lock lock(mutex_);
+    on_request(0);
+    cv_.wait(lock, [&] { return local_reply_.has_value(); });
+    return *std::exchange(local_reply_, std::nullopt);
+  }
+  nlohmann::json local_result(nlohmann::json const& msg) {
+    std::lock_guard lock(mutex_);
+    return on_result(msg);
+  }
+  void local_complete(nlohmann::json const& msg) {
+    std::lock_guard lock(mutex_);
+    on_complete(msg);
+  }
+
+  /// After serve() returned: the result grid, as JSON (broadcast to every rank).
+  nlohmann::json grid() const {
+    nlohmann::json trials = nlohmann::json::array();
+    for (auto const& id : order_) {
+      auto const& t = trials_.at(id);
+      tuning::trial_result r{t.id, t.status, t.config, t.last, t.history, exp_ / t.id, std::nullopt};
+      if (!t.error.empty()) r.error = t.error;
+      trials.push_back(r);
+    }
+    nlohmann::json out{{"trials", trials}};
+    if (!fatal_.empty()) out["error"] = fatal_;
+    return out;
+  }
+
+ private:
+  std::size_t group_of(int world_rank) const {
+    for (std::size_t g = 0; g < leaders_.size(); ++g)
+      if (leaders_[g] == world_rank) return g;
+    return 0;
+  }
+
+  std::size_t limit() const {
+    return cfg_.max_concurrent_trials == 0 ? leaders_.size() : std::min(cfg_.max_concurrent_trials, leaders_.size());
+  }
+
+  double elapsed_s() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+  void deliver(std::size_t group, nlohmann::json const& reply) {
+    if (reply.contains("done")) ++groups_done_;
+    if (leaders_[group] == 0) {
+      local_reply_ = reply;
+      cv_.notify_all();
+    } else {
+      send_json(comm_, leaders_[group], reply_tag, reply);
+    }
+  }
+
+  void on_request(std::size_t group) {
+    if (auto a = assignment()) deliver(group, *a);
+    else waiting_.push_back(group);
+  }
+
+  /// The next trial for a free group, {"done": true} when there will be none, or nothing yet.
+  std::optional<nlohmann::json> assignment() {
+    if (running_ < limit() && fatal_.empty() && !stopping_) {
+      std::optional<std::string> id;
+      if (!queue_.empty()) {
+        id = queue_.front();
+        queue_.pop_front();
+      } else if (!exhausted_) {
+        auto candidate = trial_id(next_);
+        std::optional<nlohmann::json> config;
+        try {
+          config = searcher_.suggest(candidate);
+        } catch (std::exception const& e) {
+          fatal_ = std::string("the searcher failed: ") + e.what();
+        }
+        if (config) {
+          ++next_;
+          trial_state t;
+          t.id = candidate;
+          t.config = *config;
+          try {
+            scheduler_.on_trial_add(t.id, t.config);
+          } catch (std::exception const& e) {
+            fatal_ = std::string("the scheduler failed: ") + e.what();
+          }
+          order_.push_back(t.id);
+          trials_.emplace(t.id, std::move(t));
+          id = candidate;
+        } else {
+          exhausted_ = true;
+        }
+      }
+      if (!id && exhausted_ && !paused_.empty()) {
+        id = paused_.front();
+        paused_.pop_front();
+        trials_.at(*id).resumed_after_pause = true;
+      }
+      if (id && fatal_.empty()) {
+        auto& t = trials_.at(*id);
+        t.status = "RUNNING";
+        ++running_;
+        dirty_ = true;
+        std::error_code ec;
+        if (!t.restore_from.empty() && !cohort::checkpointing::committed(exp_ / t.id).empty()) t.restore_from.clear();
+        return nlohmann::json{{"trial_id", t.id}, {"config", t.config}, {"restore_from", t.restore_from}};
+      }
+    }
+    bool const more = fatal_.empty() && !stopping_ && (!queue_.empty() || !paused_.empty() || !exhausted_);
+    if (running_ == 0 && !more) return nlohmann::json{{"done", true}};
+    return std::nullopt;
+  }
+
+  /// A result of a running trial: the stoppers and the scheduler decide what it does next.
+  nlohmann::json on_result(nlohmann::json const& msg) {
+    auto& t = trials_.at(msg.at("trial_id").get<std::string>());
+    auto const& row = msg.at("row");
+    t.last = row;
+    t.history.push_back(row);
+    dirty_ = true;
+    if (stopping_) return {{"what", "stop"}};
+    bool stop = std::apply([&](auto&... s) { return (false || ... || s.stop_trial(t.id, row)); }, stoppers_);
+    if (std::apply([&](auto&... s) { return (false || ... || s.stop_all(elapsed_s())); }, stoppers_)) {
+      stopping_ = true;
+      stop = true;
+    }
+    if (stop) return {{"what", "stop"}};
+    scheduling_decision d;
+    try {
+      d = scheduler_.on_trial_result(t.id, row);
+    } catch (std::exception const& e) {
+      return {{"what", "error"}, {"error", std::string("the scheduler failed on ") + t.id + ": " + e.what()}};
+    }
+    switch (d.what) {
+      case decision::proceed:
+        return {{"what", "proceed"}};
+      case decision::stop:
+        return {{"what", "stop"}};
+      case decision::pause:
+        // A trial resumed after a pause with nothing else to run would be paused forever.
+        if (t.resumed_after_pause && running_ <= 1 && queue_.empty()) return {{"what", "proceed"}};
+        return {{"what", "pause"}};
+      case decision::exploit: {
+        auto clone = clone_checkpoint(d.donor, t.id);
+        if (!clone) {
+          // The donor has no committed checkpoint yet: the trial keeps its own config (PBT had
+          // already switched it to the new one; adding the trial again restores it).
+          safely([&] { scheduler_.on_trial_add(t.id, t.config); });
+          return {{"what", "proceed"}};
+        }
+        d.config = d.config.is_null() ? trials_.at(d.donor).config : d.config;
+        t.exploit = d;
+        t.exploit->donor = *clone;
+        return {{"what", "exploit"}};
+      }
+    }
+    return {{"what", "proceed"}};
+  }
+
+  /// PBT: copies the donor's latest good checkpoint into the trial's directory (the donor's
+  /// retention may delete its own copy at any time) and returns the copy's path.
+  std::optional<std::string> clone_checkpoint(std::string const& donor, std::string const& into) {
+    auto from = cohort::checkpointing::latest_good(exp_ / donor);
+    if (!from) return std::nullopt;
+    auto dest = exp_ / into / ("exploit_" + std::to_string(++clones_) + "_" + donor + "_" + from->path().filename().string());
+    std::error_code ec;
+    std::filesystem::create_directories(dest.parent_path(), ec);
+    std::filesystem::copy(from->path(), dest, std::filesystem::copy_options::recursive, ec);
+    if (ec || cohort::checkpointing::verify(dest)) {
+      std::filesystem::remove_all(dest, ec);
+      return std::nullopt;
+    }
+    return dest.string();
+  }
+
+  void on_complete(nlohmann::json const& msg) {
+    auto& t = trials_.at(msg.at("trial_id").get<std::string>());
+    auto const outcome = msg.at("outcome").get<std::string>();
+    --running_;
+    dirty_ = true;
+    if (outcome == "error") {
+      t.status = "ERROR";
+      t.error = msg.value("error", std::string("failed"));
+      safely([&] { searcher_.on_trial_complete(t.id, nlohmann::json()); });
+      safely([&] { scheduler_.on_trial_complete(t.id, t.last); });
+    } else if (outcome == "pause") {
+      t.status = "PAUSED";
+      paused_.push_back(t.id);
+    } else if (outcome == "exploit" && t.exploit) {
+      // The trial continues from the donor's checkpoint with the perturbed config; its own
+      // checkpoints belong to the abandoned lineage: kept, under superseded/.
+      std::error_code ec;
+      auto old = cohort::checkpointing::committed(exp_ / t.id);
+      if (!old.empty()) std::filesystem::create_directories(exp_ / t.id / "superseded", ec);
+      for (auto const& dir : old)
+        std::filesystem::rename(dir, exp_ / t.id / "superseded" / (dir.filename().string() + "_" + std::to_string(clones_)), ec);
+      t.config = t.exploit->config;
+      t.restore_from = t.exploit->donor;
+      t.exploit.reset();
+      t.status = "PENDING";
+      queue_.push_front(t.id);
+    } else {
+      t.status = "TERMINATED";
+      safely([&] { searcher_.on_trial_complete(t.id, t.last); });
+      safely([&] { scheduler_.on_trial_complete(t.id, t.last); });
+    }
+    serve_waiting();
+  }
+
+  template <class F>
+  void safely(F&& f) {
+    try {
+      f();
+    } catch (std::exception const& e) {
+      if (fatal_.empty()) fatal_ = e.what();
+    }
+  }
+
+  void serve_waiting() {
+    while (!waiting_.empty()) {
+      auto a = assignment();
+      if (!a) return;
+      deliver(waiting_.front(), *a);
+      waiting_.pop_front();
+    }
+  }
+
+  /// Periodic work: the time budget, the status table, the experiment state.
+  void tick() {
+    if (!stopping_ && std::apply([&](auto&... s) { return (false || ... || s.stop_all(elapsed_s())); }, stoppers_)) {
+      stopping_ = true;
+      serve_waiting();
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (verbose_ > 0 && now - last_table_ >= std::chrono::duration<double>(cfg_.status_interval_s)) {
+      last_table_ = now;
+      std::cout << table() << std::flush;
+    }
+    if (dirty_ && now - last_state_ >= std::chrono::duration<double>(cfg_.state_interval_s)) write_state();
+  }
+
+  std::vector<report::trial_row> rows() const {
+    std::vector<report::trial_row> out;
+    for (auto const& id : order_) {
+      auto const& t = trials_.at(id);
+      out.push_back({t.id, t.status, t.config, t.last, (exp_ / t.id).string(), t.error});
+    }
+    return out;
+  }
+
+  std::string table() const { return report::trial_table(rows(), cfg_.metric, elapsed_s()); }
+
+  void write_state() {
+    last_state_ = std::chrono::steady_clock::now();
+    dirty_ = false;
+    nlohmann::json trials = nlohmann::json::array();
+    for (auto const& id : order_) trials.push_back(trials_.at(id));
+    nlohmann::json state{{"trials", trials}, {"searcher", searcher_.save_state()}, {"scheduler", scheduler_.save_state()},
+                         {"next_trial", next_}, {"searcher_exhausted", exhausted_}};
+    try {
+      report::write_file_atomic(exp_ / "experiment_state.json", state.dump() + "\n");
+      report::write_file_atomic(exp_ / "trials.csv", report::trials_csv(rows()));
+    } catch (std::exception const& e) {
+      std::cerr << ("[cohort] warning: " + std::string(e.what()) + "\n") << std::flush;
+    }
+  }
+
+  Searcher searcher_;
+  Scheduler scheduler_;
+  Stoppers stoppers_;
+  tune_config cfg_;
+  std::filesystem::path exp_;
+  std::vector<int> leaders_;  ///< world rank of each group's leader
+  MPI_Comm comm_;
+  int verbose_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::optional<nlohmann::json> local_reply_;
+  std::map<std::string, trial_state> trials_;
+  std::vector<std::string> order_;
+  std::deque<std::string> queue_, paused_;
+  std::deque<std::size_t> waiting_;
+  std::size_t next_ = 0, running_ = 0, groups_done_ = 0, clones_ = 0;
+  bool exhausted_ = false, stopping_ = false, dirty_ = true, restored_ = false;
+  std::string fatal_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_table_ = start_, last_state_ = start_;
+};
+
+}  // namespace tuning::detail
+
+/// Hyperparameter search inside the MPI job (Ray Tune without a cluster):
+/// `cohort::tuner tuner{train, cohort::search::random{.seed = 1}, cohort::schedule::asha{.max_t = 20},
+///                      cohort::tune_config{.metric = "accuracy", .mode = cohort::max, .num_samples = 16}};`
+/// `auto grid = tuner.fit(cohort::space{{"lr", cohort::loguniform(1e-4, 1e-1)}});`
+///
+/// `Trainable` is a cohort::trainer (its policies apply to every trial), a trainer functor
+/// `fn(cohort::context&, Config const&)` (a single-rank function when ranks_per_trial is 1), or a
+/// class trainable (cohort::trainable_class). The policies, in any order: at most one searcher
+/// (default search::basic), at most one scheduler (default schedule::fifo), any number of
+/// stoppers (any one stops), at most one tune_config.
+template <class Trainable, class... Policies>
+class tuner {
+  static_assert((tuning::detail::check_tuner_policy<Policies>::value && ...));
+
+ public:
+  using searcher_type = typename tuning::detail::pick_one<tuning::detail::is_searcher, search::basic, Policies...>::type;
+  using scheduler_type = typename tuning::detail::pick_one<tuning::detail::is_scheduler, schedule::fifo, Policies...>::type;
+
+  explicit tuner(Trainable trainable, Policies... policies)
+      : config_(pick_config(policies...)),
+        searcher_(pick<searcher_type>(policies...)),
+        scheduler_(pick<scheduler_type>(policies...)),
+        stoppers_(tuning::detail::stoppers_of(policies...)),
+        trainer_(tuning::detail::make_trainer(std::move(trainable), config_)) {}
+
+  tune_config const& config() const { return config_; }
+
+  /// Runs the experiment on every rank of MPI_COMM_WORLD (every rank calls it): trials of
+  /// `space` in groups of ranks_per_trial, each trial's files under
+  /// <storage_path>/<name>/trial_NNNNN/, the experiment's experiment_state.json and trials.csv
+  /// next to them, and a status table on rank 0. Rerunning with the same run.name resumes an
+  /// interrupted experiment: finished trials are kept, unfinished ones resume from their latest
+  /// checkpoints, the searcher and scheduler from their saved state. The result is the same on
+  /// every rank; bad input is result_grid::error on every rank, with one line on stderr.
+  tuning::result_grid fit(tuning::space const& space, run_config const& run = {}) {
+    cohort::detail::ensure_mpi_for_program();
+    tuning::result_grid out;
+    out.objective = {config_.metric, config_.mode};
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+    comm::mpi world(comm, true);
+    int const rank = world.rank(), size = world.size();
+    int const per = config_.ranks_per_trial;
+    std::optional<std::string> err;
+    if (provided < MPI_THREAD_MULTIPLE)
+      err = "cohort::tuner needs MPI initialised with MPI_THREAD_MULTIPLE: let cohort::environment initialise MPI";
+    else if (per < 1 || size % per != 0)
+      err = "tune_config.ranks_per_trial = " + std::to_string(per) + " does not divide the " + std::to_string(size) +
+            " ranks of the job: launch with a multiple of it (mpirun -np " + std::to_string(std::max(per, 1)) + ", " +
+            std::to_string(2 * std::max(per, 1)) + ", ...) or change ranks_per_trial";
+    else if (config_.num_samples == 0)
+      err = "tune_config.num_samples = 0: set it to at least 1";
+    if (err) return fail(std::move(out), *err, rank);
+
+    auto name = comm::broadcast_string(world, run.name.empty() ? "tune_" + cohort::detail::utc_stamp() : run.name);
+    auto exp = std::filesystem::path(run.storage_path) / name;
+    out.path = exp;
+    std::vector<int> leaders;
+    for (int r = 0; r < size; r += per) leaders.push_back(r);
+
+    using coordinator_type = tuning::detail::coordinator<searcher_type, scheduler_type, decltype(stoppers_)>;
+    std::optional<coordinator_type> coord;
+    if (rank == 0) {
+      try {
+        std::error_code ec;
+        std::filesystem::create_directories(exp, ec);
+        if (ec || !std::filesystem::is_directory(exp))
+          throw cohort::error("cannot create experiment directory " + exp.string() + " (" +
+                              (ec ? ec.message() : std::string("not a directory")) +
+                              "): set run_config.storage_path to a writable directory");
+        coord.emplace(searcher_, scheduler_, stoppers_, config_, exp, leaders, comm, run.verbose);
+        coord->start(space);
+        if (coord->restored() && run.verbose > 0)
+          std::cout << "[cohort] resuming experiment " + exp.string() + " from its experiment_state.json\n" << std::flush;
+      } catch (std::exception const& e) {
+        err = e.what();
+      }
+    }
+    if (auto e = comm::agree_on_error(world, err)) return fail(std::move(out), *e, rank);
+
+    std::thread server;
+    if (rank == 0) server = std::thread([&] { coord->serve(); });
+    comm::mpi group = world.split(rank / per, rank);
+    bool const leader = group.rank() == 0;
+
+    run_config trial_run = run;
+    trial_run.storage_path = exp.string();
+    trial_run.verbose = run.verbose >= 2 ? 1 : 0;
+    for (;;) {
+      std::string text;
+      if (leader) {
+        if (rank == 0) {
+          text = coord->local_request().dump();
+        } else {
+          tuning::detail::send_json(comm, 0, tuning::detail::request_tag, nlohmann::json::object());
+          text = tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag).dump();
+        }
+      }
+      auto assignment = nlohmann::json::parse(comm::broadcast_string(group, text));
+      if (assignment.contains("done")) break;
+      auto const id = assignment.at("trial_id").get<std::string>();
+      trial_run.name = id;
+      trial_run.resume_from_checkpoint = assignment.value("restore_from", std::string{});
+      cohort::detail::report_listener listener = [&](nlohmann::json const& row) {
+        nlohmann::json msg{{"trial_id", id}, {"row", row}};
+        if (rank == 0) return coord->local_result(msg);
+        tuning::detail::send_json(comm, 0, tuning::detail::result_tag, msg);
+        return tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag);
+      };
+      auto r = trainer_.fit(assignment.at("config"), trial_run, group, listener);
+      if (leader) {
+        nlohmann::json msg{{"trial_id", id}, {"outcome", r.error ? "error" : r.stopped.value_or("finished")}};
+        if (r.error) msg["error"] = *r.error;
+        if (rank == 0) coord->local_complete(msg);
+        else tuning::detail::send_json(comm, 0, tuning::detail::complete_tag, msg);
+      }
+    }
+    if (server.joinable()) server.join();
+    nlohmann::json const grid = nlohmann::json::parse(comm::broadcast_string(world, rank == 0 ? coord->grid().dump() : std::string{}));
+    out.trials = grid.at("trials").get<std::vector<tuning::trial_result>>();
+    if (grid.contains("error")) return fail(std::move(out), grid["error"].get<std::string>(), rank);
+    return out;
+  }
+
+ private:
+  static tuning::result_grid fail(tuning::result_grid out, std::string const& message, int rank) {
+    std::cerr << ("[cohort] rank " + std::to_string(rank) + ": error: " + message + "\n") << std::flush;
+    out.error = message;
+    return out;
+  }
+
+  template <class T, class... Ps>
+  static T pick(Ps const&... ps) {
+    std::optional<T> found;
+    ([&] {
+      if constexpr (std::is_same_v<Ps, T>) found.emplace(ps);
+    }(), ...);
+    return found ? *found : T{};
+  }
+  template <class... Ps>
+  static tune_config pick_config(Ps const&... ps) {
+    return pick<tune_config>(ps...);
+  }
+
+  tune_config config_;
+  searcher_type searcher_;
+  scheduler_type scheduler_;
+  decltype(tuning::detail::stoppers_of(std::declval<Policies const&>()...)) stoppers_;
+  decltype(tuning::detail::make_trainer(std::declval<Trainable>(), std::declval<tune_config const&>())) trainer_;
+};
+
+}  // namespace cohort

@@ -1,0 +1,68 @@
+// A tuning run of a class trainable for the restore test: each trial steps `value += lr` six
+// times, checkpointing every step. With --kill-once, the trial with lr = 0.4 SIGKILLs its rank
+// before its 4th step (once: a marker file remembers). Rerun with the same name, the experiment
+// must finish every trial exactly once: trials that finished are not rerun, interrupted ones go on
+// from their checkpoints (so every result.json holds iterations 1..6 once). Prints "tune restore
+// ok" when that holds.
+#include <cohort/tuning/tuner.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+namespace {
+
+std::filesystem::path marker;
+
+struct accumulate {
+  double lr = 0;
+  int steps = 0;
+  double value = 0;
+
+  void setup(nlohmann::json const& config) { lr = config.at("lr").get<double>(); }
+  nlohmann::json step() {
+    if (!marker.empty() && lr == 0.4 && steps == 3 && !std::filesystem::exists(marker)) {
+      std::ofstream(marker) << "killed\n";
+      std::raise(SIGKILL);
+    }
+    ++steps;
+    value += lr;
+    return {{"value", value}, {"steps", steps}, {"done", steps >= 6}};
+  }
+  void save_checkpoint(std::filesystem::path const& dir) const {
+    std::ofstream(dir / "state.json") << nlohmann::json{{"steps", steps}, {"value", value}}.dump();
+  }
+  void load_checkpoint(std::filesystem::path const& dir) {
+    auto j = nlohmann::json::parse(std::ifstream(dir / "state.json"));
+    steps = j.at("steps").get<int>();
+    value = j.at("value").get<double>();
+  }
+};
+static_assert(cohort::trainable_class<accumulate>);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cohort::environment env{argc, argv};
+  std::string storage = argc > 1 ? argv[1] : "runs";
+  if (argc > 2 && std::string(argv[2]) == "--kill-once") marker = std::filesystem::path(storage) / "killed.marker";
+  cohort::tuner tuner{accumulate{}, cohort::tune_config{.metric = "value", .state_interval_s = 0, .checkpoint_frequency = 1}};
+  auto grid = tuner.fit(cohort::space{{"lr", cohort::grid_search({0.1, 0.2, 0.3, 0.4, 0.5, 0.6})}},
+                        {.name = "restore", .storage_path = storage, .verbose = 0});
+  if (!grid.ok()) return 1;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  bool ok = grid.size() == 6;
+  for (auto const& t : grid.trials) {
+    std::ifstream in(t.path / "result.json");
+    int expect = 1;
+    for (std::string line; std::getline(in, line); ++expect)
+      ok = ok && nlohmann::json::parse(line).at("training_iteration").get<int>() == expect;
+    double const lr = t.config.at("lr").get<double>();
+    ok = ok && expect == 7 && t.status == "TERMINATED" && std::abs(t.metrics.at("value").get<double>() - 6 * lr) < 1e-12;
+    if (!ok && rank == 0) std::cerr << t.id << " " << t.status << " " << t.metrics.dump() << " rows " << expect - 1 << "\n";
+  }
+  if (rank == 0) std::cout << (ok ? "tune restore ok" : "tune restore FAILED") << std::endl;
+  return ok ? 0 : 1;
+}
