@@ -22,26 +22,6 @@ struct config {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(config, lr, momentum, batch_size, epochs, max_train, data_dir)
 
-namespace {
-
-/// A Fashion-MNIST split as tensors: images [N, 1, 28, 28] normalised, labels [N] int64.
-cohort::tensor_dataset load(std::string const& dir, std::string const& split) {
-  auto images = cohort::data::read_idx(std::filesystem::path(dir) / (split + "-images-idx3-ubyte.gz"));
-  auto labels = cohort::data::read_idx(std::filesystem::path(dir) / (split + "-labels-idx1-ubyte.gz"));
-  if (images.dims.size() != 3 || labels.dims.size() != 1 || images.dims[0] != labels.dims[0])
-    throw cohort::error("Fashion-MNIST files in " + dir + " do not match (" + split +
-                        "): expected N x 28 x 28 images and N labels");
-  auto n = images.dims[0];
-  auto x = torch::from_blob(images.data.data(), {n, 1, images.dims[1], images.dims[2]}, torch::kUInt8)
-               .to(torch::kFloat)
-               .div_(255.0)
-               .sub_(0.2860)
-               .div_(0.3530);
-  auto y = torch::from_blob(labels.data.data(), {n}, torch::kUInt8).to(torch::kLong);
-  return {x, y};
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   cohort::environment env{argc, argv};
@@ -66,8 +46,8 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   cohort::tensor_dataset train_set, test_set;
   try {
-    train_set = load(cfg.data_dir, "train");
-    test_set = load(cfg.data_dir, "t10k");
+    train_set = load_fashion_mnist(cfg.data_dir, "train");
+    test_set = load_fashion_mnist(cfg.data_dir, "t10k");
   } catch (cohort::error const& e) {
     std::cerr << ("[cohort] rank " + std::to_string(rank) + ": error: " + e.what() + "\n");
     return 1;
@@ -80,13 +60,7 @@ int main(int argc, char** argv) {
   cohort::validate_fn validate = [&test_set](cohort::checkpoint const& ck) {
     fashion_net net;
     cohort::load_checkpoint(ck, net);
-    net->eval();
-    torch::NoGradGuard no_grad;
-    std::int64_t correct = 0;
-    for (std::int64_t b = 0; b < test_set.inputs.size(0); b += 1000) {
-      auto len = std::min<std::int64_t>(1000, test_set.inputs.size(0) - b);
-      correct += net->forward(test_set.inputs.narrow(0, b, len)).argmax(1).eq(test_set.targets.narrow(0, b, len)).sum().item<std::int64_t>();
-    }
+    auto const correct = count_correct(net, test_set, 0, test_set.inputs.size(0));
     return nlohmann::json{{"val_test_accuracy", static_cast<double>(correct) / static_cast<double>(test_set.inputs.size(0))}};
   };
 
@@ -123,19 +97,11 @@ int main(int argc, char** argv) {
       double const wait_share = (loader.stats().wait_s - wait_before) / epoch_s;
       double const step_s = epoch_s / static_cast<double>(std::max<std::int64_t>(1, loader.stats().batches - batches_before));
       // Test accuracy: each rank scores its own slice of the test set; counts are summed.
-      model->eval();
-      torch::NoGradGuard no_grad;
       auto n_test = test_set.inputs.size(0);
       auto per = (n_test + ctx.world_size() - 1) / ctx.world_size();
       auto lo = std::min<std::int64_t>(n_test, per * ctx.world_rank());
       auto hi = std::min<std::int64_t>(n_test, lo + per);
-      std::int64_t counts[2] = {0, 0};  // correct, seen
-      for (auto b = lo; b < hi; b += 1000) {
-        auto len = std::min<std::int64_t>(1000, hi - b);
-        auto pred = model(test_set.inputs.narrow(0, b, len)).argmax(1);
-        counts[0] += pred.eq(test_set.targets.narrow(0, b, len)).sum().item<std::int64_t>();
-        counts[1] += len;
-      }
+      std::int64_t counts[2] = {count_correct(model, test_set, lo, hi), hi - lo};  // correct, seen
       ctx.comm().allreduce(counts, 2, cohort::comm::reduce_op::sum);
       double losses[2] = {loss_sum, static_cast<double>(batches)};
       ctx.comm().allreduce(losses, 2, cohort::comm::reduce_op::sum);

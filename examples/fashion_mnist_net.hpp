@@ -1,6 +1,10 @@
 #pragma once
 // The reference Fashion-MNIST CNN: conv 1->32 3x3 pad 1, batch norm, ReLU, max-pool 2; conv 32->64
 // the same; linear 3136->128, ReLU; linear 128->10. Comparisons with PyTorch DDP use exactly this.
+// And the data set: the gzipped IDX files of the Debian package dataset-fashion-mnist.
+
+#include <cohort/cohort.hpp>
+#include <cohort/data/idx.hpp>
 
 #include <torch/torch.h>
 
@@ -27,3 +31,33 @@ struct fashion_netImpl : torch::nn::Module {
   torch::nn::Linear fc1, fc2;
 };
 TORCH_MODULE(fashion_net);
+
+/// A Fashion-MNIST split as tensors: images [N, 1, 28, 28] normalised, labels [N] int64.
+inline cohort::tensor_dataset load_fashion_mnist(std::string const& dir, std::string const& split) {
+  auto images = cohort::data::read_idx(std::filesystem::path(dir) / (split + "-images-idx3-ubyte.gz"));
+  auto labels = cohort::data::read_idx(std::filesystem::path(dir) / (split + "-labels-idx1-ubyte.gz"));
+  if (images.dims.size() != 3 || labels.dims.size() != 1 || images.dims[0] != labels.dims[0])
+    throw cohort::error("Fashion-MNIST files in " + dir + " do not match (" + split +
+                        "): expected N x 28 x 28 images and N labels");
+  auto n = images.dims[0];
+  auto x = torch::from_blob(images.data.data(), {n, 1, images.dims[1], images.dims[2]}, torch::kUInt8)
+               .to(torch::kFloat)
+               .div_(255.0)
+               .sub_(0.2860)
+               .div_(0.3530);
+  auto y = torch::from_blob(labels.data.data(), {n}, torch::kUInt8).to(torch::kLong);
+  return {x, y};
+}
+
+/// How many of samples [lo, hi) of `set` the model classifies correctly (eval mode, no grad).
+template <class Net>
+std::int64_t count_correct(Net& net, cohort::tensor_dataset const& set, std::int64_t lo, std::int64_t hi) {
+  net->eval();
+  torch::NoGradGuard no_grad;
+  std::int64_t correct = 0;
+  for (auto b = lo; b < hi; b += 1000) {
+    auto len = std::min<std::int64_t>(1000, hi - b);
+    correct += net->forward(set.inputs.narrow(0, b, len)).argmax(1).eq(set.targets.narrow(0, b, len)).sum().template item<std::int64_t>();
+  }
+  return correct;
+}
