@@ -10,20 +10,26 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cohort_bench {
 
-/// Times `body` once on every rank, after a barrier; records the slowest rank's time.
+/// Runs `body` on every rank after a barrier; the slowest rank's seconds (MPI_MAX).
 template <class Body>
-void timed_iteration(benchmark::State& state, Body&& body) {
+double slowest_seconds(Body&& body) {
   MPI_Barrier(MPI_COMM_WORLD);
   auto t0 = std::chrono::steady_clock::now();
   body();
-  double mine = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  double slowest = 0;
-  MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  state.SetIterationTime(slowest);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return s;
+}
+
+/// Times `body` once on every rank, after a barrier; records the slowest rank's time.
+template <class Body>
+void timed_iteration(benchmark::State& state, Body&& body) {
+  state.SetIterationTime(slowest_seconds(std::forward<Body>(body)));
 }
 
 /// Rank 0's reporter: the console output plus each run's mean seconds per iteration.

@@ -19,18 +19,20 @@ namespace {
 std::filesystem::path g_dir;
 int g_run = 0;
 
+
 void trials(benchmark::State& state) {
   auto const n = static_cast<std::size_t>(state.range(0));
   auto fn = [](cohort::context& ctx, nlohmann::json const& config) { ctx.report({{"score", config.at("x")}}); };
-  for (auto _ : state)
-    cohort_bench::timed_iteration(state, [&] {
+  for (auto _ : state) {
+    double const s = cohort_bench::slowest_seconds([&] {
       cohort::tuner tuner{fn, cohort::tune_config{.metric = "score", .num_samples = n, .status_interval_s = 1e9}};
       auto grid = tuner.fit(cohort::space{{"x", cohort::uniform(0, 1)}},
                             {.name = "trials_" + std::to_string(g_run++), .storage_path = g_dir.string(), .verbose = 0});
       if (!grid.ok() || grid.size() != n) state.SkipWithError("the experiment failed");
     });
-  state.counters["ms_per_trial"] =
-      benchmark::Counter(1e3 / static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+    state.SetIterationTime(s);
+    state.counters["ms_per_trial"] = s * 1e3 / static_cast<double>(n);
+  }
 }
 
 void results(benchmark::State& state) {
@@ -39,18 +41,20 @@ void results(benchmark::State& state) {
     double const x = config.at("x").get<double>();
     for (std::int64_t i = 0; i < n; ++i) ctx.report({{"score", x}});
   };
-  for (auto _ : state)
-    cohort_bench::timed_iteration(state, [&] {
+  for (auto _ : state) {
+    std::size_t total = 0;
+    double const s = cohort_bench::slowest_seconds([&] {
       cohort::tuner tuner{fn, cohort::schedule::asha{.max_t = static_cast<double>(n + 1), .grace_period = 1, .reduction_factor = 4},
-                          cohort::tune_config{.metric = "score", .num_samples = 4, .status_interval_s = 1e9}};
+                          cohort::tune_config{.metric = "score", .status_interval_s = 1e9}};
       auto grid = tuner.fit(cohort::space{{"x", cohort::grid_search({1.0, 2.0, 3.0, 4.0})}},
                             {.name = "results_" + std::to_string(g_run++), .storage_path = g_dir.string(), .verbose = 0});
       if (!grid.ok()) state.SkipWithError("the experiment failed");
-      std::size_t total = 0;
       for (auto const& t : grid.trials) total += t.metrics_history.size();
-      state.counters["results"] = static_cast<double>(total);
     });
-  state.counters["results_per_s"] = benchmark::Counter(state.counters["results"], benchmark::Counter::kIsRate);
+    state.SetIterationTime(s);
+    state.counters["results"] = static_cast<double>(total);
+    state.counters["results_per_s"] = static_cast<double>(total) / s;
+  }
 }
 
 }  // namespace

@@ -145,15 +145,15 @@ struct report_state {
   /// (one broadcast over the control communicator). A no-op outside a tuner.
   void consult_listener() {
     if (!listener) return;  // the same on every rank
-    std::string answer;
+    nlohmann::json decision;
     if (rank == 0) {
       try {
-        answer = listener(history.back()).dump();
+        decision = listener(history.back());
       } catch (std::exception const& e) {
-        answer = nlohmann::json{{"what", "error"}, {"error", e.what()}}.dump();
+        decision = {{"what", "error"}, {"error", e.what()}};
       }
     }
-    auto decision = nlohmann::json::parse(comm::broadcast_string(*control, answer));
+    if (control->size() > 1) decision = nlohmann::json::parse(comm::broadcast_string(*control, rank == 0 ? decision.dump() : std::string{}));
     auto what = decision.value("what", std::string("proceed"));
     if (what == "proceed") return;
     if (what == "error") throw cohort::error(decision.value("error", std::string("the tuner failed")));

@@ -27,7 +27,7 @@ struct no_return {};
 template <class Return>
 struct result {
   nlohmann::json metrics = nlohmann::json::object();  ///< the last report (with auto-filled keys)
-  std::vector<nlohmann::json> metrics_history;         ///< every report, in order
+  std::vector<nlohmann::json> metrics_history;         ///< every report, in order (under a tuner: the last; the tuner keeps the rest)
   std::filesystem::path path;                          ///< the run directory
   std::optional<std::string> error;                    ///< set when the run failed: one line, cause and fix
   bool preempted = false;

@@ -305,8 +305,13 @@ class trainer {
                   rank);
 
     // Results, identical on every rank.
-    auto history = comm::broadcast_string(control, rank == 0 ? nlohmann::json(reports.history).dump() : std::string{});
-    for (auto& row : nlohmann::json::parse(history)) out.metrics_history.push_back(std::move(row));
+    // Under a tuner the history is the tuner's (result_grid); only the last report comes back.
+    std::string history;
+    if (rank == 0)
+      history = reports.listener ? nlohmann::json(reports.history.empty() ? std::vector<nlohmann::json>{}
+                                                                          : std::vector<nlohmann::json>{reports.history.back()}).dump()
+                                 : nlohmann::json(reports.history).dump();
+    for (auto& row : nlohmann::json::parse(comm::broadcast_string(control, history))) out.metrics_history.push_back(std::move(row));
     if (!out.metrics_history.empty()) out.metrics = out.metrics_history.back();
     if (rank == 0) reports.finish_validation();
     auto ckpts = nlohmann::json::parse(comm::broadcast_string(control, rank == 0 ? checkpoint_summary(reports).dump() : std::string{}));

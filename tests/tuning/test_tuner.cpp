@@ -26,7 +26,7 @@ std::size_t lines_of(std::filesystem::path const& p) {
 }
 
 /// A trial: `iterations` reports of score = -(x - 2)^2 - (y - 1)^2 (best at x = 2, y = 1), each
-/// with the world rank that ran it and the wall-clock start, so the test can see the groups.
+/// with the world rank that ran it and wall-clock times (trial start, this report), so the test can see the groups.
 struct quadratic {
   int iterations = 3;
   int sleep_ms = 5;
@@ -38,7 +38,8 @@ struct quadratic {
       ctx.report({{"score", -(x - 2) * (x - 2) - (y - 1) * (y - 1) + 0.01 * i},
                   {"rank", world_rank()},
                   {"group_size", ctx.world_size()},
-                  {"start", start}});
+                  {"start", start},
+                  {"now", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}});
     }
   }
 };
@@ -96,8 +97,7 @@ TEST_CASE("ranks_per_trial splits the world into groups that each run one trial 
   for (auto const& t : grid.trials) {
     CHECK(t.metrics.at("group_size") == per);
     CHECK(t.metrics.at("rank").get<int>() % per == 0);  // reported by each group's leader
-    double const start = t.metrics_history.front().at("start").get<double>();
-    spans.push_back({start, start + t.metrics.at("time_total_s").get<double>()});
+    spans.push_back({t.metrics_history.front().at("start").get<double>(), t.metrics.at("now").get<double>()});
   }
   int most = 0;
   for (auto const& [s, e] : spans) {
@@ -160,4 +160,78 @@ TEST_CASE("a trial that throws is an ERROR trial; the others go on", "[tuning][m
   CHECK(grid.num_errors() == 1);
   CHECK_THAT(grid.trials[1].error.value_or(""), contains_text("x = 1 is broken"));
   CHECK(grid.best_result().config.at("x") == 2);
+}
+
+namespace {
+
+/// A class trainable for PBT: `score` grows by lr each step. Its checkpoint holds (steps, score);
+/// the first step after loading one reports what it loaded, so the test can find the donor.
+struct climber {
+  double lr = 0;
+  int steps = 0;
+  double score = 0;
+  nlohmann::json loaded = nullptr;
+
+  void setup(nlohmann::json const& config) { lr = config.at("lr").get<double>(); }
+  nlohmann::json step() {
+    // Fast climbers (lr >= 0.5) take many short steps, slow ones few long steps: a slow trial
+    // reaches its perturbation points while a fast one is still running, ahead of it.
+    bool const fast = lr >= 0.5;
+    std::this_thread::sleep_for(std::chrono::milliseconds(fast ? 10 : 40));
+    ++steps;
+    score += lr;
+    nlohmann::json r{{"score", score}, {"steps", steps}, {"lr", lr}, {"done", steps >= (fast ? 40 : 8)}};
+    if (!loaded.is_null()) r["loaded"] = std::exchange(loaded, nullptr);
+    return r;
+  }
+  void save_checkpoint(std::filesystem::path const& dir) const {
+    std::ofstream(dir / "state.json") << nlohmann::json{{"steps", steps}, {"score", score}}.dump();
+  }
+  void load_checkpoint(std::filesystem::path const& dir) {
+    loaded = nlohmann::json::parse(std::ifstream(dir / "state.json"));
+    steps = loaded.at("steps").get<int>();
+    score = loaded.at("score").get<double>();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("PBT restarts a bottom trial from a copy of a top trial's checkpoint with a perturbed config", "[tuning][mpi]") {
+  auto const storage = cohort_test::scratch("tune_pbt");
+  cohort::tuner tuner{climber{},
+                      cohort::schedule::pbt{.perturbation_interval = 2,
+                                            .hyperparam_mutations = {{"lr", cohort::schedule::mutation::range{.low = 0.01, .high = 10}}},
+                                            .quantile_fraction = 0.5,
+                                            .resample_probability = 0,
+                                            .seed = 3},
+                      cohort::tune_config{.metric = "score", .mode = cohort::max, .status_interval_s = 1e9}};
+  auto grid = tuner.fit(cohort::space{{"lr", cohort::grid_search({0.1, 1.0, 0.1, 1.0})}},
+                        {.name = "pbt", .storage_path = storage.string(), .verbose = 0});
+  REQUIRE(grid.ok());
+  REQUIRE(grid.size() == 4);
+  int exploits = 0;
+  for (auto const& t : grid.trials) {
+    CHECK(t.status == "TERMINATED");
+    for (std::size_t i = 0; i < t.metrics_history.size(); ++i) {
+      auto const& row = t.metrics_history[i];
+      if (!row.contains("loaded")) continue;
+      ++exploits;
+      // The state it continued from is a checkpoint another trial committed: that trial reported
+      // exactly this score at exactly this step.
+      auto const steps = row["loaded"]["steps"].get<int>();
+      auto const score = row["loaded"]["score"].get<double>();
+      bool found = false;
+      for (auto const& donor : grid.trials)
+        for (auto const& d : donor.metrics_history)
+          found = found || (donor.id != t.id && d.at("steps") == steps && d.at("score").get<double>() == score);
+      CHECK(found);
+      CHECK(row.at("steps") == steps + 1);
+      CHECK(row.at("score").get<double>() == Approx(score + row.at("lr").get<double>()));
+      // Perturbed by x1.2 or x0.8 from the donor's lr (0.1 or 1.0, or an earlier perturbation of them).
+      CHECK((row.at("lr").get<double>() >= 0.01 && row.at("lr").get<double>() <= 10));
+      if (world_rank() == 0) CHECK(std::filesystem::exists(t.path / "superseded"));
+    }
+  }
+  // With two or more groups, trials with lr 0.1 run beside trials with lr 1.0 and fall behind.
+  if (world_size() >= 2) CHECK(exploits >= 1);
 }

@@ -38,6 +38,7 @@ std::vector<std::string> allgather_strings(C& comm, std::string const& value) {
 /// `root`'s `value` on every rank. Cost: two broadcasts (length, then bytes).
 template <communicator C>
 std::string broadcast_string(C& comm, std::string value, int root = 0) {
+  if (comm.size() == 1) return value;
   std::int64_t len = static_cast<std::int64_t>(value.size());
   comm.broadcast(reinterpret_cast<std::byte*>(&len), sizeof len, root);
   value.resize(static_cast<std::size_t>(len));

@@ -75,11 +75,11 @@ class run_directory {
 
   /// Appends one report (already carrying the auto-filled keys) to result.json and progress.csv.
   void append(nlohmann::json const& row) {
-    {
-      std::ofstream out(path_ / "result.json", std::ios::app);
-      out << row.dump() << "\n";
-      if (!out) throw cohort::error("could not append to " + (path_ / "result.json").string() + ": check free space");
-    }
+    // The files stay open between reports (a report is one write() each, not an open and close:
+    // the tuner's results/s benchmark); each line is flushed, so readers see whole rows.
+    if (!result_.is_open()) result_.open(path_ / "result.json", std::ios::app);
+    result_ << row.dump() << "\n" << std::flush;
+    if (!result_) throw cohort::error("could not append to " + (path_ / "result.json").string() + ": check free space");
     auto flat = flatten(row);
     rows_.push_back(flat);
     bool widened = false;
@@ -89,13 +89,14 @@ class run_directory {
         widened = true;
       }
     if (widened) {
+      progress_.close();
       std::string all = header();
       for (auto const& r : rows_) all += csv_row(r);
       write_file_atomic(path_ / "progress.csv", all);
     } else {
-      std::ofstream out(path_ / "progress.csv", std::ios::app);
-      out << csv_row(flat);
-      if (!out) throw cohort::error("could not append to " + (path_ / "progress.csv").string() + ": check free space");
+      if (!progress_.is_open()) progress_.open(path_ / "progress.csv", std::ios::app);
+      progress_ << csv_row(flat) << std::flush;
+      if (!progress_) throw cohort::error("could not append to " + (path_ / "progress.csv").string() + ": check free space");
     }
   }
 
@@ -125,6 +126,7 @@ class run_directory {
   std::vector<std::string> columns_;
   std::vector<flat_row> rows_;
   std::vector<nlohmann::json> previous_;
+  std::ofstream result_, progress_;
 };
 
 }  // namespace cohort::report

@@ -134,14 +134,17 @@ inline std::string trials_csv(std::vector<trial_row> const& trials) {
     rows.push_back(std::move(row));
   }
   std::string out;
-  for (std::size_t i = 0; i < columns.size(); ++i) out += (i ? "," : "") + detail::csv_cell(columns[i]);
-  out += "\n";
+  for (std::size_t i = 0; i < columns.size(); ++i) {
+    if (i) out += ',';
+    out += detail::csv_cell(columns[i]);
+  }
+  out += '\n';
   for (auto const& row : rows) {
     for (std::size_t i = 0; i < columns.size(); ++i) {
-      auto it = row.find(columns[i]);
-      out += (i ? "," : "") + (it == row.end() ? std::string{} : detail::csv_cell(it->second));
+      if (i) out += ',';
+      if (auto it = row.find(columns[i]); it != row.end()) out += detail::csv_cell(it->second);
     }
-    out += "\n";
+    out += '\n';
   }
   return out;
 }

@@ -233,7 +233,7 @@ class coordinator {
       std::lock_guard lock(mutex_);
       std::size_t const group = group_of(st.MPI_SOURCE);
       if (st.MPI_TAG == request_tag) on_request(group);
-      else if (st.MPI_TAG == result_tag) deliver(group, on_result(msg));
+      else if (st.MPI_TAG == result_tag) deliver(group, on_result(std::move(msg)));
       else if (st.MPI_TAG == complete_tag) on_complete(msg);
     }
     std::lock_guard lock(mutex_);
@@ -248,9 +248,9 @@ class coordinator {
     cv_.wait(lock, [&] { return local_reply_.has_value(); });
     return *std::exchange(local_reply_, std::nullopt);
   }
-  nlohmann::json local_result(nlohmann::json const& msg) {
+  nlohmann::json local_result(nlohmann::json msg) {
     std::lock_guard lock(mutex_);
-    return on_result(msg);
+    return on_result(std::move(msg));
   }
   void local_complete(nlohmann::json const& msg) {
     std::lock_guard lock(mutex_);
@@ -352,11 +352,11 @@ class coordinator {
   }
 
   /// A result of a running trial: the stoppers and the scheduler decide what it does next.
-  nlohmann::json on_result(nlohmann::json const& msg) {
+  nlohmann::json on_result(nlohmann::json msg) {
     auto& t = trials_.at(msg.at("trial_id").get<std::string>());
-    auto const& row = msg.at("row");
+    t.history.push_back(std::move(msg.at("row")));
+    auto const& row = t.history.back();
     t.last = row;
-    t.history.push_back(row);
     dirty_ = true;
     if (stopping_) return {{"what", "stop"}};
     bool stop = std::apply([&](auto&... s) { return (false || ... || s.stop_trial(t.id, row)); }, stoppers_);
@@ -636,7 +636,7 @@ class tuner {
       trial_run.resume_from_checkpoint = assignment.value("restore_from", std::string{});
       cohort::detail::report_listener listener = [&](nlohmann::json const& row) {
         nlohmann::json msg{{"trial_id", id}, {"row", row}};
-        if (rank == 0) return coord->local_result(msg);
+        if (rank == 0) return coord->local_result(std::move(msg));
         tuning::detail::send_json(comm, 0, tuning::detail::result_tag, msg);
         return tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag);
       };
