@@ -1,6 +1,7 @@
 // A tuning run of a class trainable for the restore test: each trial steps `value += lr` six
-// times, checkpointing every step. With --kill-once, the trial with lr = 0.4 SIGKILLs its rank
-// before its 4th step (once: a marker file remembers). Rerun with the same name, the experiment
+// times, checkpointing every step. With --kill-once (--term-once), the trial with lr = 0.4 sends
+// SIGKILL (SIGTERM) to its own rank before its 4th step (once: a marker file remembers); after
+// SIGTERM every running trial stops at its next report and the program exits with code 75. Rerun with the same name, the experiment
 // must finish every trial exactly once: trials that finished are not rerun, interrupted ones go on
 // from their checkpoints (so every result.json holds iterations 1..6 once). Prints "tune restore
 // ok" when that holds.
@@ -14,6 +15,7 @@
 namespace {
 
 std::filesystem::path marker;
+int hurt = SIGKILL;
 
 struct accumulate {
   double lr = 0;
@@ -23,8 +25,8 @@ struct accumulate {
   void setup(nlohmann::json const& config) { lr = config.at("lr").get<double>(); }
   nlohmann::json step() {
     if (!marker.empty() && lr == 0.4 && steps == 3 && !std::filesystem::exists(marker)) {
-      std::ofstream(marker) << "killed\n";
-      std::raise(SIGKILL);
+      std::ofstream(marker) << "hurt\n";
+      std::raise(hurt);
     }
     ++steps;
     value += lr;
@@ -46,10 +48,14 @@ static_assert(cohort::trainable_class<accumulate>);
 int main(int argc, char** argv) {
   cohort::environment env{argc, argv};
   std::string storage = argc > 1 ? argv[1] : "runs";
-  if (argc > 2 && std::string(argv[2]) == "--kill-once") marker = std::filesystem::path(storage) / "killed.marker";
+  if (argc > 2) {
+    marker = std::filesystem::path(storage) / "hurt.marker";
+    hurt = std::string(argv[2]) == "--term-once" ? SIGTERM : SIGKILL;
+  }
   cohort::tuner tuner{accumulate{}, cohort::tune_config{.metric = "value", .state_interval_s = 0, .checkpoint_frequency = 1}};
   auto grid = tuner.fit(cohort::space{{"lr", cohort::grid_search({0.1, 0.2, 0.3, 0.4, 0.5, 0.6})}},
                         {.name = "restore", .storage_path = storage, .verbose = 0});
+  if (grid.preempted) return cohort::exit_code_preempted;
   if (!grid.ok()) return 1;
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -64,14 +64,14 @@ struct preempted {
 };
 
 /// Thrown by report() on every rank of a trial when the tuner ends it early (a scheduler's stop,
-/// pause or exploit, or a stopper), after the report's checkpoint, if any, is committed; fit()
+/// pause or exploit, a stopper, or another trial's preemption), after the report's checkpoint, if any, is committed; fit()
 /// turns it into result::stopped.
 struct stopped_by_tuner {
   std::string reason;
 };
 
 /// What a tuner consults after every report (only rank 0 of the trial calls it): given the
-/// report's row, it answers {"what": "proceed" | "stop" | "pause" | "exploit", "error": "..."}.
+/// report's row, it answers {"what": "proceed" | "stop" | "pause" | "exploit" | "preempt", "error": "..."}.
 using report_listener = std::function<nlohmann::json(nlohmann::json const& row)>;
 
 /// The report bookkeeping of one fit() on one rank. Rank 0 owns the run directory and the

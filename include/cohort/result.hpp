@@ -31,7 +31,7 @@ struct result {
   std::filesystem::path path;                          ///< the run directory
   std::optional<std::string> error;                    ///< set when the run failed: one line, cause and fix
   bool preempted = false;
-  /// Set when a tuner ended the run early, after a report: "stop", "pause" or "exploit".
+  /// Set when a tuner ended the run early, after a report: "stop", "pause", "exploit" or "preempt".
   std::optional<std::string> stopped;  ///< stopped by SIGTERM/SIGINT after committing; exit with exit_code_preempted
   /// The functor's return value from every rank, in rank order (empty when the run failed).
   std::vector<std::conditional_t<std::is_void_v<Return>, detail::no_return, Return>> return_values;

@@ -73,7 +73,8 @@ struct trial_result {
 struct result_grid {
   std::vector<trial_result> trials;
   std::filesystem::path path;          ///< the experiment directory
-  std::optional<std::string> error;    ///< set when the run as a whole failed (setup, bad input)
+  std::optional<std::string> error;    ///< set when the run as a whole failed (setup, bad input) or was preempted
+  bool preempted = false;              ///< stopped by SIGTERM/SIGINT: rerun with the same name to resume (exit with exit_code_preempted)
   best_by objective{};                 ///< the tune_config's metric and mode, scope last
 
   bool ok() const { return !error.has_value(); }

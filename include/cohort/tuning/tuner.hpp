@@ -139,8 +139,9 @@ struct trial_state {
   std::optional<scheduling_decision> exploit;  ///< set between an exploit decision and the trial's end
 };
 
+/// A trial in experiment_state.json: everything but its history, which its own result.json holds.
 inline void to_json(nlohmann::json& j, trial_state const& t) {
-  j = {{"id", t.id}, {"status", t.status}, {"config", t.config}, {"last", t.last}, {"history", t.history},
+  j = {{"id", t.id}, {"status", t.status}, {"config", t.config}, {"last", t.last},
        {"restore_from", t.restore_from}, {"error", t.error}};
 }
 inline void from_json(nlohmann::json const& j, trial_state& t) {
@@ -148,7 +149,6 @@ inline void from_json(nlohmann::json const& j, trial_state& t) {
   t.status = j.at("status").get<std::string>();
   t.config = j.at("config");
   t.last = j.at("last");
-  t.history = j.at("history").get<std::vector<nlohmann::json>>();
   t.restore_from = j.value("restore_from", std::string{});
   t.error = j.value("error", std::string{});
 }
@@ -188,6 +188,11 @@ class coordinator {
     exhausted_ = state.value("searcher_exhausted", false);
     for (auto const& j : state.at("trials")) {
       auto t = j.get<trial_state>();
+      std::ifstream rows(exp_ / t.id / "result.json");
+      for (std::string line; std::getline(rows, line);) {
+        auto row = nlohmann::json::parse(line, nullptr, false);
+        if (row.is_object()) t.history.push_back(std::move(row));  // a line cut short by a crash is skipped
+      }
       if (t.status == "RUNNING" || t.status == "PENDING") {
         t.status = "PENDING";
         queue_.push_back(t.id);
@@ -232,9 +237,15 @@ class coordinator {
       auto msg = recv_json(comm_, st.MPI_SOURCE, st.MPI_TAG);
       std::lock_guard lock(mutex_);
       std::size_t const group = group_of(st.MPI_SOURCE);
-      if (st.MPI_TAG == request_tag) on_request(group);
-      else if (st.MPI_TAG == result_tag) deliver(group, on_result(std::move(msg)));
-      else if (st.MPI_TAG == complete_tag) on_complete(msg);
+      try {
+        if (st.MPI_TAG == request_tag) on_request(group);
+        else if (st.MPI_TAG == result_tag) deliver(group, on_result(std::move(msg)));
+        else if (st.MPI_TAG == complete_tag) on_complete(msg);
+      } catch (std::exception const& e) {  // a broken invariant of the tuner itself: end the experiment cleanly
+        fail(std::string("the tuner's coordinator failed: ") + e.what());
+        if (st.MPI_TAG == result_tag) deliver(group, {{"what", "stop"}});
+        serve_waiting();
+      }
     }
     std::lock_guard lock(mutex_);
     write_state();
@@ -268,6 +279,8 @@ class coordinator {
     }
     nlohmann::json out{{"trials", trials}};
     if (!fatal_.empty()) out["error"] = fatal_;
+    else if (!preempted_.empty()) out["error"] = preempted_ + " (the experiment resumes when rerun with the same name)";
+    if (!preempted_.empty()) out["preempted"] = true;
     return out;
   }
 
@@ -312,7 +325,7 @@ class coordinator {
         try {
           config = searcher_.suggest(candidate);
         } catch (std::exception const& e) {
-          fatal_ = std::string("the searcher failed: ") + e.what();
+          fail(std::string("the searcher failed: ") + e.what());
         }
         if (config) {
           ++next_;
@@ -322,7 +335,7 @@ class coordinator {
           try {
             scheduler_.on_trial_add(t.id, t.config);
           } catch (std::exception const& e) {
-            fatal_ = std::string("the scheduler failed: ") + e.what();
+            fail(std::string("the scheduler failed: ") + e.what());
           }
           order_.push_back(t.id);
           trials_.emplace(t.id, std::move(t));
@@ -358,6 +371,7 @@ class coordinator {
     auto const& row = t.history.back();
     t.last = row;
     dirty_ = true;
+    if (!preempted_.empty()) return {{"what", "preempt"}};  // every running trial stops, resumable
     if (stopping_) return {{"what", "stop"}};
     bool stop = std::apply([&](auto&... s) { return (false || ... || s.stop_trial(t.id, row)); }, stoppers_);
     if (std::apply([&](auto&... s) { return (false || ... || s.stop_all(elapsed_s())); }, stoppers_)) {
@@ -423,6 +437,12 @@ class coordinator {
       t.error = msg.value("error", std::string("failed"));
       safely([&] { searcher_.on_trial_complete(t.id, nlohmann::json()); });
       safely([&] { scheduler_.on_trial_complete(t.id, t.last); });
+    } else if (outcome == "preempted" || outcome == "preempt") {
+      // SIGTERM/SIGINT: the trial committed its checkpoint; it resumes when the experiment is rerun.
+      t.status = "PENDING";
+      queue_.push_front(t.id);
+      stopping_ = true;
+      if (preempted_.empty()) preempted_ = msg.value("error", std::string("stopped by a signal"));
     } else if (outcome == "pause") {
       t.status = "PAUSED";
       paused_.push_back(t.id);
@@ -452,8 +472,15 @@ class coordinator {
     try {
       f();
     } catch (std::exception const& e) {
-      if (fatal_.empty()) fatal_ = e.what();
+      fail(e.what());
     }
+  }
+
+  /// The experiment cannot go on: running trials stop at their next report, no new one starts,
+  /// and fit() reports `why` on every rank.
+  void fail(std::string const& why) {
+    if (fatal_.empty()) fatal_ = why;
+    stopping_ = true;
   }
 
   void serve_waiting() {
@@ -522,7 +549,7 @@ class coordinator {
   std::deque<std::size_t> waiting_;
   std::size_t next_ = 0, running_ = 0, groups_done_ = 0, clones_ = 0;
   bool exhausted_ = false, stopping_ = false, dirty_ = true, restored_ = false;
-  std::string fatal_;
+  std::string fatal_, preempted_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point last_table_ = start_, last_state_ = start_;
 };
@@ -616,6 +643,7 @@ class tuner {
     comm::mpi group = world.split(rank / per, rank);
     bool const leader = group.rank() == 0;
 
+    cohort::detail::signal_guard signals;  // SIGTERM/SIGINT between trials: no new trial starts
     run_config trial_run = run;
     trial_run.storage_path = exp.string();
     trial_run.verbose = run.verbose >= 2 ? 1 : 0;
@@ -640,9 +668,24 @@ class tuner {
         tuning::detail::send_json(comm, 0, tuning::detail::result_tag, msg);
         return tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag);
       };
-      auto r = trainer_.fit(assignment.at("config"), trial_run, group, listener);
+      // A signal that arrived between trials stops the experiment before this one starts (the
+      // trial stays pending); the trainer's own guard handles signals during the trial.
+      std::int32_t signal = cohort::detail::stop_signal().load();
+      group.allreduce(&signal, 1, comm::reduce_op::max);
+      cohort::result<void> r;
+      if (signal != 0) {
+        r.preempted = true;
+        r.error = std::string("stopped by ") + (signal == SIGINT ? "SIGINT" : "SIGTERM");
+      } else {
+        auto run_result = trainer_.fit(assignment.at("config"), trial_run, group, listener);
+        r.preempted = run_result.preempted;
+        r.error = run_result.error;
+        r.stopped = run_result.stopped;
+        if (r.preempted) cohort::detail::stop_signal().store(SIGTERM);  // the trainer's guard is gone: keep it stopped
+      }
       if (leader) {
-        nlohmann::json msg{{"trial_id", id}, {"outcome", r.error ? "error" : r.stopped.value_or("finished")}};
+        nlohmann::json msg{{"trial_id", id},
+                           {"outcome", r.preempted ? "preempted" : r.error ? "error" : r.stopped.value_or("finished")}};
         if (r.error) msg["error"] = *r.error;
         if (rank == 0) coord->local_complete(msg);
         else tuning::detail::send_json(comm, 0, tuning::detail::complete_tag, msg);
@@ -651,6 +694,7 @@ class tuner {
     if (server.joinable()) server.join();
     nlohmann::json const grid = nlohmann::json::parse(comm::broadcast_string(world, rank == 0 ? coord->grid().dump() : std::string{}));
     out.trials = grid.at("trials").get<std::vector<tuning::trial_result>>();
+    out.preempted = grid.value("preempted", false);
     if (grid.contains("error")) return fail(std::move(out), grid["error"].get<std::string>(), rank);
     return out;
   }
