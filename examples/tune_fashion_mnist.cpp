@@ -112,6 +112,7 @@ int main(int argc, char** argv) {
                                       {"batch_size", cohort::choice({32, 64, 128})},
                                       {"max_epochs", max_epochs}},
                         run);
+  if (grid.preempted) return cohort::exit_code_preempted;  // rerun with the same --name to resume
   if (!grid.ok()) return 1;
   if (rank == 0) {
     auto const& best = grid.best_result();
