@@ -131,7 +131,8 @@ struct report_state {
     if (!dir) return;
     dir->append(row);
     if (verbose > 0) std::cout << report::progress_line(name, row) << std::endl;
-    history.push_back(std::move(row));
+    if (listener && !history.empty()) history.back() = std::move(row);  // under a tuner, which keeps the history
+    else history.push_back(std::move(row));
   }
 
   void report(nlohmann::json metrics) {

@@ -248,6 +248,10 @@ class trainer {
         if (row.value("training_iteration", std::int64_t{0}) <= reports.count) reports.history.push_back(row);
 
     auto topo = scaling::discover_topology(control, detail::host_name());
+    if constexpr (requires(scaling_type const& p) { p.placement_error(topo, 0); }) {
+      if (auto e = comm::agree_on_error(control, scaling().placement_error(topo, scaling::visible_cuda_devices())))
+        return fail(std::move(out), *e, rank);
+    }
     auto placed = topo;  // threads are shared by every rank of the job on this node
     placed.local_world_size = std::max(topo.local_world_size, detail::job_ranks_on_node());
     int threads = scaling().intra_op_threads(placed, scaling::node_cores());
@@ -347,6 +351,7 @@ class trainer {
   /// checkpoints of earlier attempts for the retention policy. Checkpoints newer than the latest
   /// good one that fail verification are moved aside (renamed *.corrupt), never deleted.
   nlohmann::json find_resume_point(run_config const& run, std::filesystem::path const& run_path, detail::report_state& reports) const {
+    if (reports.dir->fresh() && run.resume_from_checkpoint.empty()) return nlohmann::json::object();  // a new run directory
     std::error_code ec;
     std::filesystem::remove_all(run_path / ".staging", ec);  // staging left by a crashed attempt
     std::optional<cohort::checkpoint> from;

@@ -45,7 +45,7 @@ class run_directory {
   /// cause and the fix when the directory cannot be created or written.
   run_directory(std::filesystem::path path, nlohmann::json const& params) : path_(std::move(path)) {
     std::error_code ec;
-    std::filesystem::create_directories(path_, ec);
+    fresh_ = std::filesystem::create_directories(path_, ec);
     if (ec || !std::filesystem::is_directory(path_))
       throw cohort::error("cannot create run directory " + path_.string() + " (" +
                           (ec ? ec.message() : std::string("not a directory")) +
@@ -56,20 +56,22 @@ class run_directory {
       throw cohort::error(std::string(e.what()) + "; set run_config.storage_path to a writable directory");
     }
     // A rerun of the same run (a resume) appends: earlier rows are never rewritten or dropped.
+    if (fresh_) return;
     std::ifstream old(path_ / "result.json");
     for (std::string line; std::getline(old, line);) {
       auto row = nlohmann::json::parse(line, nullptr, false);
       if (!row.is_object()) continue;  // a line cut short by a crash
       previous_.push_back(row);
-      auto flat = flatten(row);
-      for (auto const& [k, v] : flat)
+      ++rows_written_;
+      for (auto const& [k, v] : flatten(row))
         if (std::find(columns_.begin(), columns_.end(), k) == columns_.end()) columns_.push_back(k);
-      rows_.push_back(std::move(flat));
     }
   }
 
   /// The directory.
   std::filesystem::path const& path() const { return path_; }
+  /// True when this object created the directory (a new run: nothing to resume from in it).
+  bool fresh() const { return fresh_; }
   /// The rows an earlier attempt of this run left in result.json, oldest first.
   std::vector<nlohmann::json> const& previous_rows() const { return previous_; }
 
@@ -81,23 +83,32 @@ class run_directory {
     result_ << row.dump() << "\n" << std::flush;
     if (!result_) throw cohort::error("could not append to " + (path_ / "result.json").string() + ": check free space");
     auto flat = flatten(row);
-    rows_.push_back(flat);
     bool widened = false;
     for (auto const& [k, v] : flat)
       if (std::find(columns_.begin(), columns_.end(), k) == columns_.end()) {
         columns_.push_back(k);
         widened = true;
       }
-    if (widened) {
+    if (widened && rows_written_ == 0) {  // the first row: the header, then the row
+      progress_.close();
+      progress_.open(path_ / "progress.csv", std::ios::trunc);
+      progress_ << header() << csv_row(flat) << std::flush;
+      if (!progress_) throw cohort::error("could not write " + (path_ / "progress.csv").string() + ": check free space");
+    } else if (widened) {  // rare: every row again, from result.json, under the wider header
       progress_.close();
       std::string all = header();
-      for (auto const& r : rows_) all += csv_row(r);
+      std::ifstream rows(path_ / "result.json");
+      for (std::string line; std::getline(rows, line);) {
+        auto r = nlohmann::json::parse(line, nullptr, false);
+        if (r.is_object()) all += csv_row(flatten(r));
+      }
       write_file_atomic(path_ / "progress.csv", all);
     } else {
       if (!progress_.is_open()) progress_.open(path_ / "progress.csv", std::ios::app);
       progress_ << csv_row(flat) << std::flush;
       if (!progress_) throw cohort::error("could not append to " + (path_ / "progress.csv").string() + ": check free space");
     }
+    ++rows_written_;
   }
 
  private:
@@ -124,9 +135,10 @@ class run_directory {
 
   std::filesystem::path path_;
   std::vector<std::string> columns_;
-  std::vector<flat_row> rows_;
   std::vector<nlohmann::json> previous_;
   std::ofstream result_, progress_;
+  std::size_t rows_written_ = 0;
+  bool fresh_ = false;  ///< rows in result.json (earlier attempts' included)
 };
 
 }  // namespace cohort::report

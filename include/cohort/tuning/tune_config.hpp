@@ -17,7 +17,9 @@ struct tune_config {
   int ranks_per_trial = 1;                  ///< ranks of each trial group; must divide the world size
   std::size_t max_concurrent_trials = 0;    ///< at most this many trials at once; 0: one per group
   double status_interval_s = 5.0;           ///< console status table at most this often (Ray's CLIReporter: 5 s)
-  double state_interval_s = 1.0;            ///< experiment_state.json and trials.csv rewritten at most this often
+  /// experiment_state.json and trials.csv are rewritten at most this often (and at most every 20
+  /// times as long as the last rewrite took, so that it costs at most 5% of rank 0's time).
+  double state_interval_s = 1.0;
   /// Class trainables (setup/step/save_checkpoint/load_checkpoint): checkpoint every this many
   /// steps (and at a step whose result says "done"); 0 never.
   std::size_t checkpoint_frequency = 1;

@@ -126,29 +126,52 @@ inline nlohmann::json recv_json(MPI_Comm comm, int source, int tag, MPI_Status* 
   return nlohmann::json::parse(s);
 }
 
+/// The trials as a JSON array, each history row dumped straight into the text.
+inline std::string encode_trials(std::vector<tuning::trial_result> const& trials) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < trials.size(); ++i) {
+    auto const& t = trials[i];
+    nlohmann::json head{{"id", t.id}, {"status", t.status}, {"config", t.config}, {"metrics", t.metrics}, {"path", t.path.string()}};
+    if (t.error) head["error"] = *t.error;
+    text += i ? ",{" : "{";
+    auto h = head.dump();
+    text.append(h, 1, h.size() - 2);  // the members, without the braces
+    text += ",\"history\":[";
+    for (std::size_t k = 0; k < t.metrics_history.size(); ++k) {
+      if (k) text += ',';
+      text += t.metrics_history[k].dump();
+    }
+    text += "]}";
+  }
+  return text + "]";
+}
+
 /// One trial as the coordinator tracks it.
 struct trial_state {
   std::string id;
   std::string status = "PENDING";  ///< PENDING, RUNNING, PAUSED, TERMINATED, ERROR
   nlohmann::json config = nlohmann::json::object();
-  nlohmann::json last = nlohmann::json::object();
+  nlohmann::json saved_last = nlohmann::json::object();  ///< the last result as experiment_state.json had it
   std::vector<nlohmann::json> history;
   std::string restore_from;     ///< a checkpoint to start from (PBT's clone of a donor's)
   std::string error;
   bool resumed_after_pause = false;
   std::optional<scheduling_decision> exploit;  ///< set between an exploit decision and the trial's end
+
+  /// The trial's last result (empty before its first).
+  nlohmann::json const& last() const { return history.empty() ? saved_last : history.back(); }
 };
 
 /// A trial in experiment_state.json: everything but its history, which its own result.json holds.
 inline void to_json(nlohmann::json& j, trial_state const& t) {
-  j = {{"id", t.id}, {"status", t.status}, {"config", t.config}, {"last", t.last},
+  j = {{"id", t.id}, {"status", t.status}, {"config", t.config}, {"last", t.last()},
        {"restore_from", t.restore_from}, {"error", t.error}};
 }
 inline void from_json(nlohmann::json const& j, trial_state& t) {
   t.id = j.at("id").get<std::string>();
   t.status = j.at("status").get<std::string>();
   t.config = j.at("config");
-  t.last = j.at("last");
+  t.saved_last = j.at("last");
   t.restore_from = j.value("restore_from", std::string{});
   t.error = j.value("error", std::string{});
 }
@@ -269,15 +292,23 @@ class coordinator {
   }
 
   /// After serve() returned: the result grid, as JSON (broadcast to every rank).
-  nlohmann::json grid() const {
-    nlohmann::json trials = nlohmann::json::array();
+  /// After serve() returned, on rank 0: every trial, in creation order, their histories moved
+  /// out of the coordinator.
+  std::vector<tuning::trial_result> take_trials() {
+    std::vector<tuning::trial_result> out;
+    out.reserve(order_.size());
     for (auto const& id : order_) {
-      auto const& t = trials_.at(id);
-      tuning::trial_result r{t.id, t.status, t.config, t.last, t.history, exp_ / t.id, std::nullopt};
+      auto& t = trials_.at(id);
+      tuning::trial_result r{t.id, t.status, t.config, t.last(), std::move(t.history), exp_ / t.id, std::nullopt};
       if (!t.error.empty()) r.error = t.error;
-      trials.push_back(r);
+      out.push_back(std::move(r));
     }
-    nlohmann::json out{{"trials", trials}};
+    return out;
+  }
+
+  /// Why the experiment did not finish (the error and whether it was preempted), as JSON.
+  nlohmann::json outcome() const {
+    nlohmann::json out = nlohmann::json::object();
     if (!fatal_.empty()) out["error"] = fatal_;
     else if (!preempted_.empty()) out["error"] = preempted_ + " (the experiment resumes when rerun with the same name)";
     if (!preempted_.empty()) out["preempted"] = true;
@@ -369,7 +400,6 @@ class coordinator {
     auto& t = trials_.at(msg.at("trial_id").get<std::string>());
     t.history.push_back(std::move(msg.at("row")));
     auto const& row = t.history.back();
-    t.last = row;
     dirty_ = true;
     if (!preempted_.empty()) return {{"what", "preempt"}};  // every running trial stops, resumable
     if (stopping_) return {{"what", "stop"}};
@@ -436,7 +466,7 @@ class coordinator {
       t.status = "ERROR";
       t.error = msg.value("error", std::string("failed"));
       safely([&] { searcher_.on_trial_complete(t.id, nlohmann::json()); });
-      safely([&] { scheduler_.on_trial_complete(t.id, t.last); });
+      safely([&] { scheduler_.on_trial_complete(t.id, t.last()); });
     } else if (outcome == "preempted" || outcome == "preempt") {
       // SIGTERM/SIGINT: the trial committed its checkpoint; it resumes when the experiment is rerun.
       t.status = "PENDING";
@@ -461,8 +491,8 @@ class coordinator {
       queue_.push_front(t.id);
     } else {
       t.status = "TERMINATED";
-      safely([&] { searcher_.on_trial_complete(t.id, t.last); });
-      safely([&] { scheduler_.on_trial_complete(t.id, t.last); });
+      safely([&] { searcher_.on_trial_complete(t.id, t.last()); });
+      safely([&] { scheduler_.on_trial_complete(t.id, t.last()); });
     }
     serve_waiting();
   }
@@ -503,22 +533,26 @@ class coordinator {
       last_table_ = now;
       std::cout << table() << std::flush;
     }
-    if (dirty_ && now - last_state_ >= std::chrono::duration<double>(cfg_.state_interval_s)) write_state();
+    if (dirty_ && now - last_state_ >= std::chrono::duration<double>(std::max(cfg_.state_interval_s, 20 * state_write_s_)))
+      write_state();
   }
 
   std::vector<report::trial_row> rows() const {
     std::vector<report::trial_row> out;
     for (auto const& id : order_) {
       auto const& t = trials_.at(id);
-      out.push_back({t.id, t.status, t.config, t.last, (exp_ / t.id).string(), t.error});
+      out.push_back({t.id, t.status, t.config, t.last(), (exp_ / t.id).string(), t.error});
     }
     return out;
   }
 
   std::string table() const { return report::trial_table(rows(), cfg_.metric, elapsed_s()); }
 
+  /// Rewrites experiment_state.json and trials.csv. The periodic rewrite waits at least 20 times
+  /// as long as the last one took (as Ray adapts its experiment checkpoint period), so it costs
+  /// at most 5% of rank 0's time however many trials there are.
   void write_state() {
-    last_state_ = std::chrono::steady_clock::now();
+    auto const started = std::chrono::steady_clock::now();
     dirty_ = false;
     nlohmann::json trials = nlohmann::json::array();
     for (auto const& id : order_) trials.push_back(trials_.at(id));
@@ -530,6 +564,8 @@ class coordinator {
     } catch (std::exception const& e) {
       std::cerr << ("[cohort] warning: " + std::string(e.what()) + "\n") << std::flush;
     }
+    last_state_ = std::chrono::steady_clock::now();
+    state_write_s_ = std::chrono::duration<double>(last_state_ - started).count();
   }
 
   Searcher searcher_;
@@ -552,6 +588,7 @@ class coordinator {
   std::string fatal_, preempted_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point last_table_ = start_, last_state_ = start_;
+  double state_write_s_ = 0;  ///< how long the last write_state took
 };
 
 }  // namespace tuning::detail
@@ -692,10 +729,19 @@ class tuner {
       }
     }
     if (server.joinable()) server.join();
-    nlohmann::json const grid = nlohmann::json::parse(comm::broadcast_string(world, rank == 0 ? coord->grid().dump() : std::string{}));
-    out.trials = grid.at("trials").get<std::vector<tuning::trial_result>>();
-    out.preempted = grid.value("preempted", false);
-    if (grid.contains("error")) return fail(std::move(out), grid["error"].get<std::string>(), rank);
+    // The result grid, the same on every rank: rank 0 moves it out of the coordinator and sends
+    // it as text written row by row (no second JSON tree of every result); the others parse it.
+    if (rank == 0) out.trials = coord->take_trials();
+    if (size > 1) {
+      std::string text;
+      if (rank == 0) text = tuning::detail::encode_trials(out.trials);
+      text = comm::broadcast_string(world, std::move(text));
+      if (rank != 0) out.trials = nlohmann::json::parse(text).get<std::vector<tuning::trial_result>>();
+    }
+    nlohmann::json const outcome =
+        nlohmann::json::parse(comm::broadcast_string(world, rank == 0 ? coord->outcome().dump() : std::string{}));
+    out.preempted = outcome.value("preempted", false);
+    if (outcome.contains("error")) return fail(std::move(out), outcome["error"].get<std::string>(), rank);
     return out;
   }
 
