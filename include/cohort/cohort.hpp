@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// The umbrella header: everything, with the LibTorch integration when COHORT_WITH_TORCH is set
-/// (the cohort::cohort CMake target sets it when Torch was found).
+/// (the cohort::cohort CMake target sets it when Torch was found) and the NCCL backend when
+/// COHORT_WITH_NCCL is set (link cohort::nccl).
 
 #include "cohort/checkpointing/checkpoint.hpp"
 #include "cohort/checkpointing/payload.hpp"
@@ -21,6 +22,7 @@
 #include "cohort/result.hpp"
 #include "cohort/run_config.hpp"
 #include "cohort/scaling/cpu.hpp"
+#include "cohort/scaling/cuda.hpp"
 #include "cohort/scaling/device.hpp"
 #include "cohort/scaling/topology.hpp"
 #include "cohort/data/csv.hpp"
@@ -34,6 +36,10 @@
 #include "cohort/torch/bucket_plan.hpp"
 #include "cohort/torch/model_options.hpp"
 #include "cohort/trainer.hpp"
+
+#if COHORT_WITH_NCCL
+#include "cohort/comm/nccl.hpp"
+#endif
 
 #if COHORT_WITH_TORCH
 #include "cohort/torch/checkpoint.hpp"

@@ -14,6 +14,7 @@
 #include "cohort/checkpointing/policies.hpp"
 #include "cohort/comm/communicator.hpp"
 #include "cohort/scaling/cpu.hpp"
+#include "cohort/scaling/cuda.hpp"
 #include "cohort/sharding/policies.hpp"
 #include "cohort/tuning/decision.hpp"
 
@@ -80,6 +81,7 @@ concept stopper = std::copyable<S> && requires(S& s, std::string const& id, nloh
 };
 
 static_assert(scaling_policy<scaling::cpu>);
+static_assert(scaling_policy<scaling::cuda>);
 static_assert(sharding_policy<sharding::contiguous>);
 static_assert(sharding_policy<sharding::interleaved>);
 static_assert(sharding_policy<sharding::shuffled>);

@@ -1,5 +1,6 @@
 #include <cohort/concepts.hpp>
 #include <cohort/scaling/cpu.hpp>
+#include <cohort/scaling/cuda.hpp>
 #include <cohort/scaling/topology.hpp>
 
 #include "../catch.hpp"
@@ -38,4 +39,19 @@ TEST_CASE("intra-op threads default to the cores per local rank", "[scaling][pur
   CHECK(cohort::scaling::cpu{}.intra_op_threads(t, 2) == 1);
   CHECK(cohort::scaling::cpu{.threads_per_worker = 5}.intra_op_threads(t, 2) == 5);
   CHECK(cohort::scaling::cpu{}.device_for(t).str() == "cpu");
+}
+
+TEST_CASE("scaling::cuda puts local rank r on visible GPU r and refuses more ranks than GPUs", "[scaling][pure]") {
+  STATIC_REQUIRE(cohort::scaling_policy<cohort::scaling::cuda>);
+  cohort::scaling::cuda policy{.num_workers = 4};
+  auto t = cohort::scaling::topology_from_hosts({"a", "a", "b", "b"}, 3);
+  CHECK(policy.device_for(t).str() == "cuda:1");
+  CHECK_FALSE(policy.placement_error(t, 2));
+  CHECK_FALSE(policy.placement_error(t, 8));
+  auto e = policy.placement_error(t, 1);
+  REQUIRE(e);
+  CHECK_THAT(*e, contains_text("scaling::cuda: node 1 runs 2 ranks but sees 1 GPU: start at most one rank per GPU"));
+  CHECK_THAT(*policy.placement_error(t, 0), contains_text("none visible, or cohort built without cohort::nccl"));
+  CHECK_THAT(*policy.check(3), contains_text("scaling::cuda{.num_workers = 4} but the job has 3 ranks"));
+  CHECK_FALSE(policy.check(4));
 }

@@ -378,6 +378,10 @@ prepared_model<Module> prepare_model_for(context& ctx, Module module, model_opti
     for (auto& b : m.buffers()) detail::broadcast_tensor(c, b);
   }
   std::shared_ptr<detail::gradient_reducer> reducer;
+  if (c.size() > 1 && ctx.device().kind == device_kind::cuda)
+    throw cohort::error("prepare_model: averaging gradients of CUDA tensors across " + std::to_string(c.size()) +
+                        " ranks needs the NCCL gradient path, which is not built yet (comm::nccl exists; the "
+                        "reducer does not use it): train on one GPU, or use scaling::cpu");
   if (c.size() > 1) {
     std::vector<torch::Tensor> params;
     for (auto& p : m.parameters())

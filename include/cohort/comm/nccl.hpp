@@ -1,0 +1,280 @@
+#pragma once
+/// \file
+/// comm::nccl: the communicator concept over NCCL, for buffers in GPU memory, bootstrapped by MPI
+/// (rank 0's ncclUniqueId is broadcast over the MPI communicator it is made from). Needs the CUDA
+/// runtime and NCCL (the cohort::nccl CMake target); nothing here depends on LibTorch.
+///
+/// Every collective is enqueued on the communicator's CUDA stream (set_stream: LibTorch's current
+/// stream, in the LibTorch glue) and is ordered with the work on that stream: no host
+/// synchronisation unless a call says so. Errors and hangs: a request's wait() polls
+/// ncclCommGetAsyncError and gives up after `timeout_ms`, aborting the NCCL communicator and
+/// throwing cohort::error with the cause and the fix, never hanging.
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "cohort/comm/communicator.hpp"
+#include "cohort/comm/mpi.hpp"
+#include "cohort/error.hpp"
+
+namespace cohort::comm {
+
+/// Knobs of an NCCL communicator.
+struct nccl_options {
+  /// How long wait()/barrier() let a collective run before the communicator is aborted and the
+  /// call throws (a peer that died or diverged would otherwise hang every rank).
+  int timeout_ms = 600'000;
+};
+
+namespace detail {
+
+inline void check_cuda(cudaError_t code, char const* what) {
+  if (code == cudaSuccess) return;
+  throw cohort::error(std::string("CUDA call ") + what + " failed: " + cudaGetErrorString(code));
+}
+
+inline void check_nccl(ncclResult_t code, char const* what) {
+  if (code == ncclSuccess || code == ncclInProgress) return;
+  throw cohort::error(std::string("NCCL call ") + what + " failed: " + ncclGetErrorString(code) +
+                      (code == ncclSystemError || code == ncclRemoteError
+                           ? ": a peer rank may have died or its network failed; check every rank's log"
+                           : ""));
+}
+
+template <class T>
+ncclDataType_t nccl_type() {
+  if constexpr (std::same_as<T, float>) return ncclFloat32;
+  else if constexpr (std::same_as<T, double>) return ncclFloat64;
+  else if constexpr (std::same_as<T, std::int32_t>) return ncclInt32;
+  else if constexpr (std::same_as<T, std::int64_t>) return ncclInt64;
+  else if constexpr (std::same_as<T, std::uint8_t>) return ncclUint8;
+  else return ncclUint64;
+}
+
+inline ncclRedOp_t nccl_op(reduce_op op) {
+  switch (op) {
+    case reduce_op::max: return ncclMax;
+    case reduce_op::min: return ncclMin;
+    default: return ncclSum;
+  }
+}
+
+/// The NCCL communicator and its CUDA stream, shared by a comm::nccl and its requests.
+struct nccl_state {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  int rank = 0;
+  int size = 1;
+  int device = 0;
+  nccl_options options{};
+  bool aborted = false;
+
+  ~nccl_state() {
+    if (!comm) return;
+    if (aborted) ncclCommAbort(comm);
+    else ncclCommDestroy(comm);
+  }
+
+  /// Waits for `event` (recorded after a collective) polling the communicator's asynchronous
+  /// error; aborts and throws on an error or after options.timeout_ms.
+  void wait_for(cudaEvent_t event, char const* what) {
+    auto const deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.timeout_ms);
+    for (int spins = 0;; ++spins) {
+      cudaError_t q = cudaEventQuery(event);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) check_cuda(q, "cudaEventQuery");
+      ncclResult_t async = ncclSuccess;
+      check_nccl(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError");
+      if (async != ncclSuccess && async != ncclInProgress) {
+        abort();
+        check_nccl(async, what);
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        abort();
+        throw cohort::error(std::string("NCCL ") + what + " did not complete within " + std::to_string(options.timeout_ms) +
+                            " ms on rank " + std::to_string(rank) +
+                            " (a peer rank died, or the ranks entered different collectives): the communicator "
+                            "was aborted; check every rank's log, or raise nccl_options.timeout_ms for slow steps");
+      }
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  void abort() {
+    if (comm && !aborted) ncclCommAbort(comm);
+    aborted = true;
+    comm = nullptr;
+  }
+};
+
+}  // namespace detail
+
+/// An NCCL collective in flight: an event recorded on the stream after it. wait() blocks the
+/// host until it completed (with the timeout and error polling above); test() does not block.
+class nccl_request {
+ public:
+  nccl_request() = default;
+  nccl_request(std::shared_ptr<detail::nccl_state> state, cudaEvent_t event, char const* what)
+      : state_(std::move(state)), event_(event), what_(what) {}
+  nccl_request(nccl_request&& o) noexcept
+      : state_(std::move(o.state_)), event_(std::exchange(o.event_, nullptr)), what_(o.what_) {}
+  nccl_request& operator=(nccl_request&& o) noexcept {
+    if (this != &o) {
+      release();
+      state_ = std::move(o.state_);
+      event_ = std::exchange(o.event_, nullptr);
+      what_ = o.what_;
+    }
+    return *this;
+  }
+  nccl_request(nccl_request const&) = delete;
+  nccl_request& operator=(nccl_request const&) = delete;
+  ~nccl_request() { release(); }
+
+  /// Blocks until the collective completed on the device (or throws, see nccl_options::timeout_ms).
+  void wait() {
+    if (event_) state_->wait_for(event_, what_);
+  }
+  /// True once the collective has completed on the device.
+  bool test() { return !event_ || cudaEventQuery(event_) == cudaSuccess; }
+
+ private:
+  void release() noexcept {
+    if (event_) cudaEventDestroy(event_);
+    event_ = nullptr;
+  }
+  std::shared_ptr<detail::nccl_state> state_;
+  cudaEvent_t event_ = nullptr;
+  char const* what_ = "collective";
+};
+
+/// The communicator concept over NCCL, for device buffers. Made from an MPI communicator
+/// (collective over it): one NCCL communicator per cohort communicator, split ones included.
+/// Move-only.
+class nccl {
+ public:
+  /// Creates the NCCL communicator of the ranks of `bootstrap` on CUDA device `device`: rank 0
+  /// creates the unique id, one MPI_Bcast shares it, every rank calls ncclCommInitRank. The MPI
+  /// communicator is duplicated and kept for split(). Throws cohort::error on failure.
+  nccl(mpi const& bootstrap, int device, nccl_options options = {}) : state_(std::make_shared<detail::nccl_state>()) {
+    MPI_Comm dup = MPI_COMM_NULL;
+    detail::check_mpi(MPI_Comm_dup(bootstrap.native(), &dup), "MPI_Comm_dup");
+    mpi_ = std::make_unique<mpi>(dup, true);
+    state_->rank = mpi_->rank();
+    state_->size = mpi_->size();
+    state_->device = device;
+    state_->options = options;
+    detail::check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    ncclUniqueId id{};
+    if (state_->rank == 0) detail::check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    detail::check_mpi(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_->native()), "MPI_Bcast");
+    detail::check_nccl(ncclCommInitRank(&state_->comm, state_->size, id, state_->rank), "ncclCommInitRank");
+  }
+
+  int rank() const { return state_->rank; }
+  int size() const { return state_->size; }
+  /// The CUDA device the communicator runs on.
+  int device() const { return state_->device; }
+  /// The stream collectives are enqueued on (nullptr: the legacy default stream).
+  cudaStream_t stream() const { return state_->stream; }
+  /// Enqueue later collectives on `s` (the LibTorch glue passes the current CUDA stream).
+  void set_stream(cudaStream_t s) { state_->stream = s; }
+  /// The NCCL handle, for code that calls NCCL directly.
+  ncclComm_t native() const { return state_->comm; }
+
+  /// In-place element-wise reduction of a device buffer, enqueued on stream(); ordered with the
+  /// stream's other work, no host synchronisation. Cost: one ncclAllReduce.
+  template <reducible T>
+  void allreduce(T* data, std::size_t count, reduce_op op) {
+    detail::check_nccl(ncclAllReduce(data, data, count, detail::nccl_type<T>(), detail::nccl_op(op), live(), state_->stream),
+                       "ncclAllReduce");
+  }
+
+  /// allreduce, plus an event to wait on or test.
+  template <reducible T>
+  nccl_request iallreduce(T* data, std::size_t count, reduce_op op) {
+    allreduce(data, count, op);
+    return record("all-reduce");
+  }
+
+  /// `bytes` of the device buffer from `root` to every rank (ncclBroadcast, in place).
+  void broadcast(std::byte* data, std::size_t bytes, int root) {
+    detail::check_nccl(ncclBroadcast(data, data, bytes, ncclUint8, root, live(), state_->stream), "ncclBroadcast");
+  }
+
+  /// `bytes` from each rank's device buffer `send` into `recv` (size() * bytes), in rank order.
+  void allgather(std::byte const* send, std::size_t bytes, std::byte* recv) {
+    detail::check_nccl(ncclAllGather(send, recv, bytes, ncclUint8, live(), state_->stream), "ncclAllGather");
+  }
+
+  /// Returns once every rank has reached it and the stream's work before it has completed
+  /// (a one-element all-reduce, then a host wait with the timeout).
+  void barrier() {
+    if (!scratch_) {
+      void* p = nullptr;
+      detail::check_cuda(cudaMalloc(&p, sizeof(std::int32_t)), "cudaMalloc");
+      scratch_.reset(p);
+    }
+    allreduce(static_cast<std::int32_t*>(scratch_.get()), 1, reduce_op::sum);
+    record("barrier").wait();
+  }
+
+  /// The NCCL communicator of the ranks with the same `color`, ordered by `key` (collective over
+  /// this communicator's MPI twin), on the same device, with the same options.
+  nccl split(int color, int key) const {
+    auto sub = mpi_->split(color, key);
+    return nccl(sub, state_->device, state_->options);
+  }
+
+  /// Groups the collectives enqueued in its lifetime into one NCCL launch (ncclGroupStart/End):
+  /// several buckets' all-reduces at once.
+  struct group {
+    group() { detail::check_nccl(ncclGroupStart(), "ncclGroupStart"); }
+    group(group const&) = delete;
+    group& operator=(group const&) = delete;
+    ~group() noexcept(false) { detail::check_nccl(ncclGroupEnd(), "ncclGroupEnd"); }
+  };
+
+  nccl(nccl&& o) noexcept = default;
+  nccl& operator=(nccl&& o) noexcept = default;
+  nccl(nccl const&) = delete;
+  nccl& operator=(nccl const&) = delete;
+  ~nccl() = default;
+
+ private:
+  struct cuda_free {
+    void operator()(void* p) const noexcept { cudaFree(p); }
+  };
+
+  ncclComm_t live() const {
+    if (!state_->comm)
+      throw cohort::error("this NCCL communicator was aborted after an earlier error or timeout: "
+                          "stop the run (every rank saw the error) and restart it from its checkpoint");
+    return state_->comm;
+  }
+
+  nccl_request record(char const* what) {
+    cudaEvent_t event = nullptr;
+    detail::check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    detail::check_cuda(cudaEventRecord(event, state_->stream), "cudaEventRecord");
+    return nccl_request(state_, event, what);
+  }
+
+  std::shared_ptr<detail::nccl_state> state_;
+  std::unique_ptr<mpi> mpi_;
+  std::unique_ptr<void, cuda_free> scratch_;
+};
+
+static_assert(communicator<nccl>);
+static_assert(request<nccl_request>);
+
+}  // namespace cohort::comm
