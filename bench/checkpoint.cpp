@@ -55,8 +55,8 @@ int main(int argc, char** argv) {
   char const* tmp = std::getenv("TMPDIR");
   g_dir = std::filesystem::path(tmp ? tmp : "/tmp") / ("cohort_bench_ckpt_" + std::to_string(getpid()));
   for (std::int64_t b : {std::int64_t{16} << 20, std::int64_t{256} << 20}) {
-    benchmark::RegisterBenchmark("plain_write", plain_write)->Arg(b)->Iterations(4)->UseManualTime()->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark("sync_checkpoint", sync_checkpoint)->Arg(b)->Iterations(4)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("plain_write", plain_write)->Arg(b)->Iterations(8)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("sync_checkpoint", sync_checkpoint)->Arg(b)->Iterations(8)->UseManualTime()->Unit(benchmark::kMillisecond);
   }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -107,6 +107,7 @@ struct report_state {
   std::thread validator;
   std::mutex checkpoints_mutex;
   std::vector<std::int64_t> validating_;  ///< checkpoints whose validation has not finished: never deleted
+  std::thread reaper;                     ///< deletes dropped checkpoints (rank 0)
 
   static void check_metrics(nlohmann::json const& metrics) {
     if (!metrics.is_object())
@@ -241,6 +242,7 @@ struct report_state {
   ~report_state() {
     if (worker.joinable()) worker.join();
     finish_validation();
+    if (reaper.joinable()) reaper.join();
   }
 
   /// Rank 0: waits for the validation in flight (fit() calls it before listing checkpoints).
@@ -333,10 +335,28 @@ struct report_state {
         kept.push_back(checkpoints[i]);
         continue;
       }
-      std::error_code ec;
-      std::filesystem::remove_all(run_path / checkpointing::dir_name(static_cast<std::int64_t>(checkpoints[i].iteration)), ec);
+      discard(run_path / checkpointing::dir_name(static_cast<std::int64_t>(checkpoints[i].iteration)));
     }
     checkpoints = std::move(kept);
+  }
+
+  /// Rank 0, holding checkpoints_mutex: takes a checkpoint the policy dropped out of the run
+  /// directory at once (a rename into .trash/) and deletes it on a background thread, so that
+  /// deleting a large checkpoint does not hold up training (fit() waits for it at the end).
+  void discard(std::filesystem::path const& dir) {
+    std::error_code ec;
+    auto const trash = run_path / ".trash";
+    std::filesystem::create_directories(trash, ec);
+    std::filesystem::rename(dir, trash / (staging_prefix + dir.filename().string()), ec);
+    if (ec) {  // cannot move it: delete it here
+      std::filesystem::remove_all(dir, ec);
+      return;
+    }
+    if (reaper.joinable()) reaper.join();  // one deletion at a time
+    reaper = std::thread([trash] {
+      std::error_code e;
+      for (auto const& entry : std::filesystem::directory_iterator(trash, e)) std::filesystem::remove_all(entry.path(), e);
+    });
   }
 
   std::optional<std::string> agree_on(std::optional<std::string> const& local) { return comm::agree_on_error(*control, local); }

@@ -354,6 +354,7 @@ class trainer {
     if (reports.dir->fresh() && run.resume_from_checkpoint.empty()) return nlohmann::json::object();  // a new run directory
     std::error_code ec;
     std::filesystem::remove_all(run_path / ".staging", ec);  // staging left by a crashed attempt
+    std::filesystem::remove_all(run_path / ".trash", ec);    // dropped checkpoints not yet deleted
     std::optional<cohort::checkpoint> from;
     if (!run.resume_from_checkpoint.empty()) {
       if (auto problem = cohort::checkpointing::verify(run.resume_from_checkpoint))

@@ -137,7 +137,12 @@ checkpoint_payload checkpoint_of(Items const&... items) {
   p.snapshot = [st] { st->snapshot(); };
   p.write = [st](std::filesystem::path const& dir, int rank) {
     if (rank != 0) return;
-    for (std::size_t i = 0; i < st->modules.size(); ++i) safetensors::save(dir / detail::numbered("model", i, ".safetensors"), st->modules[i]);
+    // Small files first: the model's fsync (write_checked) then carries them to disk in the same
+    // journal commit, and commit() finds them already synced.
+    auto state = nlohmann::json{{"values", st->values}}.dump(2);
+    checkpointing::write_checked(dir / "state.json", state.data(), state.size());
+    auto rng = torch::pickle_save(st->cpu_rng);
+    checkpointing::write_checked(dir / "rng.pt", rng.data(), rng.size());
     auto optimizer_bytes = st->optimizer_bytes;  // async: serialised by snapshot(); sync: now
     for (auto const* o : st->optimizers) {
       torch::serialize::OutputArchive archive;
@@ -148,10 +153,7 @@ checkpoint_payload checkpoint_of(Items const&... items) {
     }
     for (std::size_t i = 0; i < optimizer_bytes.size(); ++i)
       checkpointing::write_checked(dir / detail::numbered("optimizer", i, ".pt"), optimizer_bytes[i].data(), optimizer_bytes[i].size());
-    auto state = nlohmann::json{{"values", st->values}}.dump(2);
-    checkpointing::write_checked(dir / "state.json", state.data(), state.size());
-    auto rng = torch::pickle_save(st->cpu_rng);
-    checkpointing::write_checked(dir / "rng.pt", rng.data(), rng.size());
+    for (std::size_t i = 0; i < st->modules.size(); ++i) safetensors::save(dir / detail::numbered("model", i, ".safetensors"), st->modules[i]);
   };
   return p;
 }
