@@ -79,30 +79,14 @@ int main(int argc, char** argv) {
 
     while (loader.state().epoch < cfg.epochs) {
       auto const epoch = loader.state().epoch;
-      model->train();
       auto const epoch_start = std::chrono::steady_clock::now();
       auto const wait_before = loader.stats().wait_s;
       auto const batches_before = loader.stats().batches;
-      double loss_sum = 0;
-      std::int64_t batches = 0;
-      for (auto& b : loader.epoch()) {
-        opt.zero_grad();
-        auto loss = torch::cross_entropy_loss(model(b.inputs), b.targets);
-        loss.backward();
-        opt.step();
-        loss_sum += loss.item<double>();
-        ++batches;
-      }
+      auto [loss_sum, batches] = train_epoch(model, opt, loader);
       double const epoch_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
       double const wait_share = (loader.stats().wait_s - wait_before) / epoch_s;
       double const step_s = epoch_s / static_cast<double>(std::max<std::int64_t>(1, loader.stats().batches - batches_before));
-      // Test accuracy: each rank scores its own slice of the test set; counts are summed.
-      auto n_test = test_set.inputs.size(0);
-      auto per = (n_test + ctx.world_size() - 1) / ctx.world_size();
-      auto lo = std::min<std::int64_t>(n_test, per * ctx.world_rank());
-      auto hi = std::min<std::int64_t>(n_test, lo + per);
-      std::int64_t counts[2] = {count_correct(model, test_set, lo, hi), hi - lo};  // correct, seen
-      ctx.comm().allreduce(counts, 2, cohort::comm::reduce_op::sum);
+      double const accuracy = test_accuracy(ctx, model, test_set);
       double losses[2] = {loss_sum, static_cast<double>(batches)};
       ctx.comm().allreduce(losses, 2, cohort::comm::reduce_op::sum);
       double worst_wait = wait_share;
@@ -114,7 +98,7 @@ int main(int argc, char** argv) {
                   {"train_loss", losses[0] / losses[1]},
                   {"data_wait_share", worst_wait},
                   {"last_checkpoint_stall_share_of_step", last_stall_s / step_s},
-                  {"test_accuracy", static_cast<double>(counts[0]) / static_cast<double>(counts[1])}},
+                  {"test_accuracy", accuracy}},
                  cohort::checkpoint_of(model, opt, loader.state()), validate);
       last_stall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - report_start).count();
     }

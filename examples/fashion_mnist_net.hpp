@@ -61,3 +61,32 @@ std::int64_t count_correct(Net& net, cohort::tensor_dataset const& set, std::int
   }
   return correct;
 }
+
+/// One epoch of SGD with cross-entropy over this rank's batches: the summed loss and the number of batches.
+template <class Net, class Loader>
+std::pair<double, std::int64_t> train_epoch(Net& net, torch::optim::Optimizer& opt, Loader& loader) {
+  net->train();
+  double loss_sum = 0;
+  std::int64_t batches = 0;
+  for (auto& b : loader.epoch()) {
+    opt.zero_grad();
+    auto loss = torch::cross_entropy_loss(net(b.inputs), b.targets);
+    loss.backward();
+    opt.step();
+    loss_sum += loss.template item<double>();
+    ++batches;
+  }
+  return {loss_sum, batches};
+}
+
+/// Accuracy on `test` of the trainer's ranks together: each rank scores its own slice, the counts
+/// are summed over the trainer's communicator (one all-reduce).
+template <class Net>
+double test_accuracy(cohort::context& ctx, Net& net, cohort::tensor_dataset const& test) {
+  auto const n = test.inputs.size(0);
+  auto const per = (n + ctx.world_size() - 1) / ctx.world_size();
+  auto const lo = std::min<std::int64_t>(n, per * ctx.world_rank());
+  std::int64_t correct = count_correct(net, test, lo, std::min<std::int64_t>(n, lo + per));
+  ctx.comm().allreduce(&correct, 1, cohort::comm::reduce_op::sum);
+  return static_cast<double>(correct) / static_cast<double>(n);
+}

@@ -78,24 +78,10 @@ int main(int argc, char** argv) {
       auto const epoch = loader.state().epoch;
       double const lr = cfg.lr * 0.5 * (1 + std::cos(std::numbers::pi * static_cast<double>(epoch) / cfg.max_epochs));
       for (auto& group : opt.param_groups()) static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
-      model->train();
-      double loss_sum = 0;
-      std::int64_t batches = 0;
-      for (auto& b : loader.epoch()) {
-        opt.zero_grad();
-        auto loss = torch::cross_entropy_loss(model(b.inputs), b.targets);
-        loss.backward();
-        opt.step();
-        loss_sum += loss.item<double>();
-        ++batches;
-      }
-      auto n_test = test_set.inputs.size(0);
-      auto per = (n_test + ctx.world_size() - 1) / ctx.world_size();
-      auto lo = std::min<std::int64_t>(n_test, per * ctx.world_rank());
-      std::int64_t correct = count_correct(model, test_set, lo, std::min<std::int64_t>(n_test, lo + per));
-      ctx.comm().allreduce(&correct, 1, cohort::comm::reduce_op::sum);
+      auto const [loss_sum, batches] = train_epoch(model, opt, loader);
+      double const accuracy = test_accuracy(ctx, model, test_set);
       ctx.report({{"epoch", epoch}, {"train_loss", loss_sum / static_cast<double>(std::max<std::int64_t>(1, batches))},
-                  {"test_accuracy", static_cast<double>(correct) / static_cast<double>(n_test)}},
+                  {"test_accuracy", accuracy}},
                  cohort::checkpoint_of(model, opt, loader.state()));
     }
   };

@@ -61,16 +61,17 @@ struct check_policy {
   static constexpr bool value = true;
 };
 
+/// How many of `Ps` satisfy `Is`.
+template <template <class> class Is, class... Ps>
+inline constexpr int count_matching = (0 + ... + (Is<Ps>::value ? 1 : 0));
+
+/// The first of `Ps` that satisfies `Is`, else `Default` (trainer and tuner check for duplicates).
 template <template <class> class Is, class Default, class... Ps>
 struct pick {
-  static_assert(((Is<Ps>::value ? 1 : 0) + ... + 0) <= 1,
-                "cohort::trainer: two policies given for the same axis (scaling, sharding or checkpointing)");
   using type = Default;
 };
 template <template <class> class Is, class Default, class P, class... Ps>
 struct pick<Is, Default, P, Ps...> {
-  static_assert(((Is<Ps>::value ? 1 : 0) + ... + (Is<P>::value ? 1 : 0)) <= 1,
-                "cohort::trainer: two policies given for the same axis (scaling, sharding or checkpointing)");
   using type = std::conditional_t<Is<P>::value, P, typename pick<Is, Default, Ps...>::type>;
 };
 template <class P> struct is_scaling : std::bool_constant<scaling_policy<P>> {};
@@ -142,6 +143,10 @@ inline std::string host_name() {
 template <class Fn, class... Policies>
 class trainer {
   static_assert((detail::check_policy<Policies>::value && ...));
+  static_assert(detail::count_matching<detail::is_scaling, Policies...> <= 1 &&
+                    detail::count_matching<detail::is_sharding, Policies...> <= 1 &&
+                    detail::count_matching<detail::is_checkpointing, Policies...> <= 1,
+                "cohort::trainer: two policies given for the same axis (scaling, sharding or checkpointing)");
 
  public:
   using scaling_type = typename detail::pick<detail::is_scaling, scaling::cpu, Policies...>::type;

@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/error.hpp"
+#include "cohort/tuning/decision.hpp"
 
 namespace cohort::tuning {
 
@@ -401,17 +402,7 @@ inline domain sample_from(std::function<nlohmann::json(nlohmann::json const&)> f
 /// The value at `key` in `config`, '/' separating nested objects ("optimizer/lr"), or nullptr
 /// when it is absent.
 inline nlohmann::json const* lookup(nlohmann::json const& config, std::string_view key) {
-  nlohmann::json const* at = &config;
-  while (true) {
-    auto const slash = key.find('/');
-    auto const head = std::string(key.substr(0, slash));
-    if (!at->is_object()) return nullptr;
-    auto const it = at->find(head);
-    if (it == at->end()) return nullptr;
-    at = &*it;
-    if (slash == std::string_view::npos) return at;
-    key.remove_prefix(slash + 1);
-  }
+  return detail::find_key(config, std::string(key));
 }
 
 /// Sets `key` in `config` to `value`, '/' separating nested objects, which are created as needed.

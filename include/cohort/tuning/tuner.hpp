@@ -74,19 +74,6 @@ template <class P> struct is_searcher : std::bool_constant<cohort::searcher<P>> 
 template <class P> struct is_scheduler : std::bool_constant<cohort::scheduler<P>> {};
 template <class P> struct is_config : std::is_same<P, cohort::tune_config> {};
 
-template <template <class> class Is, class Default, class... Ps>
-struct pick_one {
-  static_assert(((Is<Ps>::value ? 1 : 0) + ... + 0) <= 1,
-                "cohort::tuner: two searchers, two schedulers or two tune_configs given");
-  using type = Default;
-};
-template <template <class> class Is, class Default, class P, class... Ps>
-struct pick_one<Is, Default, P, Ps...> {
-  static_assert(((Is<Ps>::value ? 1 : 0) + ... + (Is<P>::value ? 1 : 0)) <= 1,
-                "cohort::tuner: two searchers, two schedulers or two tune_configs given");
-  using type = std::conditional_t<Is<P>::value, P, typename pick_one<Is, Default, Ps...>::type>;
-};
-
 /// The stoppers among `Ps`, as a tuple.
 template <class... Ps>
 auto stoppers_of(Ps const&... ps) {
@@ -385,7 +372,6 @@ class coordinator {
         t.status = "RUNNING";
         ++running_;
         dirty_ = true;
-        std::error_code ec;
         if (!t.restore_from.empty() && !cohort::checkpointing::committed(exp_ / t.id).empty()) t.restore_from.clear();
         return nlohmann::json{{"trial_id", t.id}, {"config", t.config}, {"restore_from", t.restore_from}};
       }
@@ -606,10 +592,14 @@ class coordinator {
 template <class Trainable, class... Policies>
 class tuner {
   static_assert((tuning::detail::check_tuner_policy<Policies>::value && ...));
+  static_assert(cohort::detail::count_matching<tuning::detail::is_searcher, Policies...> <= 1 &&
+                    cohort::detail::count_matching<tuning::detail::is_scheduler, Policies...> <= 1 &&
+                    cohort::detail::count_matching<tuning::detail::is_config, Policies...> <= 1,
+                "cohort::tuner: two searchers, two schedulers or two tune_configs given");
 
  public:
-  using searcher_type = typename tuning::detail::pick_one<tuning::detail::is_searcher, search::basic, Policies...>::type;
-  using scheduler_type = typename tuning::detail::pick_one<tuning::detail::is_scheduler, schedule::fifo, Policies...>::type;
+  using searcher_type = typename cohort::detail::pick<tuning::detail::is_searcher, search::basic, Policies...>::type;
+  using scheduler_type = typename cohort::detail::pick<tuning::detail::is_scheduler, schedule::fifo, Policies...>::type;
 
   explicit tuner(Trainable trainable, Policies... policies)
       : config_(pick_config(policies...)),
