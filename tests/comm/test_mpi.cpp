@@ -2,6 +2,7 @@
 #include <cohort/comm/collectives.hpp>
 #include <cohort/comm/mpi.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -36,6 +37,33 @@ TEST_CASE("mpi iallreduce completes after wait and test", "[comm][mpi]") {
   auto again = c.iallreduce(v.data(), v.size(), reduce_op::sum);
   again.wait();
   CHECK(v[0] == float(c.size() * c.size()));
+}
+
+TEST_CASE("mpi allreduce avg averages in place, identically on every rank, below and above the ring size", "[comm][mpi]") {
+  auto c = cohort::comm::mpi::world();
+  int const n = c.size(), r = c.rank();
+  // 100 floats: MPI_Allreduce and a scaling pass; the others go round the ring, in segments
+  // that do not divide evenly (+5, and a count prime to every rank count).
+  for (std::size_t count : {std::size_t{100}, std::size_t(8192 * n + 5), std::size_t{100003}}) {
+    std::vector<float> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = float((r + 1) * int(i % 13));
+    c.allreduce(v.data(), count, reduce_op::avg);
+    bool close = true;
+    for (std::size_t i = 0; i < count; ++i) close = close && std::abs(v[i] - float(n + 1) / 2 * float(i % 13)) <= 1e-5f * float(i % 13 + 1);
+    CHECK(close);
+    auto lo = v, hi = v;  // bitwise the same everywhere: the minimum over ranks equals the maximum
+    c.allreduce(lo.data(), count, reduce_op::min);
+    c.allreduce(hi.data(), count, reduce_op::max);
+    CHECK(lo == hi);
+  }
+  std::vector<double> d(50000, double(r));
+  c.allreduce(d.data(), d.size(), reduce_op::avg);
+  CHECK(d[49999] == Approx((n - 1) / 2.0));
+  auto req = c.iallreduce(d.data(), d.size(), reduce_op::avg);
+  req.wait();
+  CHECK(d[0] == Approx((n - 1) / 2.0));
+  std::int32_t i = r;
+  CHECK_THROWS_WITH(c.allreduce(&i, 1, reduce_op::avg), contains_text("needs float or double"));
 }
 
 TEST_CASE("mpi broadcast and allgather move bytes in rank order", "[comm][mpi]") {

@@ -48,12 +48,14 @@ constexpr std::int64_t per_rank_batch = 5;
 constexpr int steps = 6;
 
 /// One process, global batch N*b: the reference.
-std::vector<torch::Tensor> reference(int world, bool accumulate) {
+std::vector<torch::Tensor> reference(int world, bool accumulate, int hidden = 8) {
   torch::manual_seed(3);
-  mlp model;
+  mlp model(hidden);
+  auto const dtype = hidden > 8 ? torch::kDouble : torch::kFloat;  // wide: float rounding would blur the comparison
+  model->to(dtype);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   auto const global = per_rank_batch * world;
-  auto x = inputs(global * steps), y = targets(x);
+  auto x = inputs(global * steps).to(dtype), y = targets(x);
   for (int s = 0; s < steps; ++s) {
     auto xs = x.narrow(0, s * global, global), ys = y.narrow(0, s * global, global);
     opt.zero_grad();
@@ -73,14 +75,20 @@ std::vector<torch::Tensor> reference(int world, bool accumulate) {
 
 /// Trains `steps` steps on this rank's part of each global batch and returns whether the final
 /// parameters match the one-process reference with the global batch, plus the bucket count.
+/// Tiny buckets (many in flight) unless `hidden` is given: then the default caps, and buckets
+/// as large as the hidden layer.
 nlohmann::json train_and_compare(cohort::context& ctx, bool accumulate, bool set_to_none = false,
-                                 cohort::reduce_on where = cohort::reduce_on::automatic) {
-  auto expected = reference(ctx.world_size(), accumulate);
+                                 cohort::reduce_on where = cohort::reduce_on::automatic, int hidden = 0) {
+  auto expected = reference(ctx.world_size(), accumulate, hidden > 0 ? hidden : 8);
   torch::manual_seed(ctx.world_rank() == 0 ? 3 : 100 + ctx.world_rank());  // the broadcast must fix other ranks
-  auto model = ctx.prepare_model(mlp(), {.bucket_cap_bytes = 160, .first_bucket_cap_bytes = 40, .reduce_on = where});
+  auto options = hidden > 0 ? cohort::model_options{.reduce_on = where}
+                            : cohort::model_options{.bucket_cap_bytes = 160, .first_bucket_cap_bytes = 40, .reduce_on = where};
+  mlp net(hidden > 0 ? hidden : 8);
+  net->to(hidden > 0 ? torch::kDouble : torch::kFloat);
+  auto model = ctx.prepare_model(net, options);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   auto const global = per_rank_batch * ctx.world_size();
-  auto x = inputs(global * steps), y = targets(x);
+  auto x = inputs(global * steps).to(hidden > 0 ? torch::kDouble : torch::kFloat), y = targets(x);
   for (int s = 0; s < steps; ++s) {
     auto lo = s * global + ctx.world_rank() * per_rank_batch;
     auto xs = x.narrow(0, lo, per_rank_batch), ys = y.narrow(0, lo, per_rank_batch);
@@ -121,6 +129,15 @@ TEST_CASE("equivalence holds with buckets reduced on a communication thread or t
     REQUIRE(r.ok());
     for (auto const& v : r.return_values) CHECK(v["close"] == true);
   }
+}
+
+TEST_CASE("equivalence holds with buckets large enough for the ring all-reduce", "[torch][equivalence][mpi]") {
+  // hidden 192, float64: a 288 KiB layer, above comm::mpi's ring threshold (32 KiB per rank) at 1-4 ranks.
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+             return train_and_compare(ctx, true, false, cohort::reduce_on::automatic, 192);
+           }}.fit(nlohmann::json::object(), quiet("ring"));
+  REQUIRE(r.ok());
+  for (auto const& v : r.return_values) CHECK(v["close"] == true);
 }
 
 TEST_CASE("equivalence holds with gradient accumulation under no_sync", "[torch][equivalence][mpi]") {

@@ -10,8 +10,10 @@
 
 namespace cohort::comm {
 
-/// Element-wise reduction applied by allreduce.
-enum class reduce_op { sum, max, min };
+/// Element-wise reduction applied by allreduce. `avg` is the sum divided by the communicator's
+/// size in one operation (NCCL's ncclAvg; comm::mpi fuses the division into its reduction), for
+/// float and double only: a communicator throws cohort::error for it on integer buffers.
+enum class reduce_op { sum, max, min, avg };
 
 /// Element types every communicator reduces.
 template <class T>

@@ -64,6 +64,7 @@ inline ncclRedOp_t nccl_op(reduce_op op) {
   switch (op) {
     case reduce_op::max: return ncclMax;
     case reduce_op::min: return ncclMin;
+    case reduce_op::avg: return ncclAvg;
     default: return ncclSum;
   }
 }
@@ -195,6 +196,8 @@ class nccl {
   /// stream's other work, no host synchronisation. Cost: one ncclAllReduce.
   template <reducible T>
   void allreduce(T* data, std::size_t count, reduce_op op) {
+    if (op == reduce_op::avg && !std::floating_point<T>)
+      throw cohort::error("reduce_op::avg needs float or double buffers: use reduce_op::sum and divide");
     detail::check_nccl(ncclAllReduce(data, data, count, detail::nccl_type<T>(), detail::nccl_op(op), live(), state_->stream),
                        "ncclAllReduce");
   }

@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -77,7 +78,7 @@ inline void broadcast_tensor(comm::any& c, torch::Tensor& t) {
 /// for the training thread; MPI's blocking all-reduce is its fastest algorithm, and a thread of its
 /// own overlaps it with the rest of backward; see use_communication_thread for when it is used,
 /// otherwise the bucket is reduced right there on the training thread); an engine callback at the end of backward awaits
-/// the buckets in order and divides each by the world size while later ones are still in flight.
+/// the buckets. Each bucket is averaged by one all-reduce (reduce_op::avg), the division fused in.
 /// MPI is called from one thread at a time (MPI_THREAD_SERIALIZED): the training thread makes no
 /// MPI call between the first hook of a backward pass and the end of that pass. When MPI was
 /// initialised below MPI_THREAD_SERIALIZED, buckets are reduced on the training thread instead.
@@ -227,8 +228,9 @@ class gradient_reducer {
   void reduce(std::size_t b) {
     auto& flat = buckets_[b].flat;
     auto n = static_cast<std::size_t>(flat.numel());
-    if (flat.scalar_type() == torch::kFloat) comm_.allreduce(flat.data_ptr<float>(), n, comm::reduce_op::sum);
-    else comm_.allreduce(flat.data_ptr<double>(), n, comm::reduce_op::sum);
+    // avg: the division by the world size is fused into the reduction (no extra pass).
+    if (flat.scalar_type() == torch::kFloat) comm_.allreduce(flat.data_ptr<float>(), n, comm::reduce_op::avg);
+    else comm_.allreduce(flat.data_ptr<double>(), n, comm::reduce_op::avg);
   }
 
   /// The communication thread: reduces buckets in the order they were queued.
@@ -257,7 +259,7 @@ class gradient_reducer {
 
   /// The end of backward: parameters that got no gradient this pass (unused in the forward)
   /// contribute what their .grad holds (zero when none), the remaining buckets are launched, and
-  /// every all-reduce is awaited and divided by the world size, in place in .grad.
+  /// every all-reduce (an average) is awaited.
   void finish_pass() {
     torch::NoGradGuard no_grad;
     for (std::size_t b = next_; b < buckets_.size(); ++b) {
@@ -266,16 +268,10 @@ class gradient_reducer {
       buckets_[b].pending = 0;
     }
     launch_ready();
-    double const scale = 1.0 / static_cast<double>(comm_.size());
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      {
-        std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return done_[b] != 0; });
-        if (!error_.empty()) throw cohort::error("gradient all-reduce failed: " + error_);
-      }
-      buckets_[b].flat.mul_(scale);  // while later buckets are still being reduced
-    }
+    std::unique_lock lock(mutex_);
+    wake_.wait(lock, [&] { return std::all_of(done_.begin(), done_.end(), [](char d) { return d != 0; }); });
     in_pass_ = false;
+    if (!error_.empty()) throw cohort::error("gradient all-reduce failed: " + error_);
   }
 
   comm::any& comm_;
