@@ -54,6 +54,19 @@ TEST_CASE("the run directory holds params.json, result.json lines and a widening
   CHECK(nlohmann::json::parse(slurp(root / "run" / "params.json"))["lr"] == 0.1);  // the run's original params
 }
 
+TEST_CASE("a params.json cut short by a crash is written again by the rerun", "[report][pure]") {
+  auto root = cohort_test::scratch("rundir_params") / std::to_string(cohort_test::world_rank());
+  std::filesystem::create_directories(root / "run");
+  std::ofstream(root / "run" / "params.json") << "{\"lr\": 0.";  // the crash
+  cohort::report::run_directory dir(root / "run", {{"lr", 0.1}});
+  CHECK_FALSE(dir.fresh());
+  CHECK(nlohmann::json::parse(slurp(root / "run" / "params.json"))["lr"] == 0.1);
+  // nested storage paths are created whole
+  cohort::report::run_directory deep(root / "a" / "b" / "run", {{"lr", 0.2}});
+  CHECK(deep.fresh());
+  CHECK(nlohmann::json::parse(slurp(root / "a" / "b" / "run" / "params.json"))["lr"] == 0.2);
+}
+
 TEST_CASE("the progress line shows the iteration, time and metrics", "[report][pure]") {
   auto line = cohort::report::progress_line(
       "run", {{"training_iteration", 3}, {"time_total_s", 12.34}, {"loss", 0.25}, {"timestamp", 1}});

@@ -45,18 +45,29 @@ class run_directory {
   /// cause and the fix when the directory cannot be created or written.
   run_directory(std::filesystem::path path, nlohmann::json const& params) : path_(std::move(path)) {
     std::error_code ec;
-    fresh_ = std::filesystem::create_directories(path_, ec);
-    if (ec || !std::filesystem::is_directory(path_))
+    // One mkdir when the parent exists (a new trial of an experiment), else the whole chain.
+    fresh_ = std::filesystem::create_directory(path_, ec);
+    if (ec) fresh_ = std::filesystem::create_directories(path_, ec);
+    if (ec || (!fresh_ && !std::filesystem::is_directory(path_)))
       throw cohort::error("cannot create run directory " + path_.string() + " (" +
                           (ec ? ec.message() : std::string("not a directory")) +
                           "): set run_config.storage_path to a writable directory");
     try {
-      if (!std::filesystem::exists(path_ / "params.json", ec)) write_file_atomic(path_ / "params.json", params.dump(2) + "\n");
+      if (fresh_) {
+        // Nobody else has seen this directory: a plain write. If it is cut short by a crash,
+        // the rerun finds params.json unreadable and writes it again (below).
+        std::ofstream out(path_ / "params.json", std::ios::binary);
+        out << params.dump(2) << "\n" << std::flush;
+        if (!out) throw cohort::error("could not write " + (path_ / "params.json").string() + ": check free space and permissions");
+        return;
+      }
+      std::ifstream existing(path_ / "params.json");
+      if (!existing || !nlohmann::json::parse(existing, nullptr, false).is_object())
+        write_file_atomic(path_ / "params.json", params.dump(2) + "\n");
     } catch (cohort::error const& e) {
       throw cohort::error(std::string(e.what()) + "; set run_config.storage_path to a writable directory");
     }
     // A rerun of the same run (a resume) appends: earlier rows are never rewritten or dropped.
-    if (fresh_) return;
     std::ifstream old(path_ / "result.json");
     for (std::string line; std::getline(old, line);) {
       auto row = nlohmann::json::parse(line, nullptr, false);

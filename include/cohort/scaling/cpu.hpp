@@ -46,6 +46,9 @@ struct cpu {
 };
 
 /// Cores on this node as seen by the process (at least 1).
-inline int node_cores() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+inline int node_cores() {
+  static int const cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));  // reads sysfs: once
+  return cores;
+}
 
 }  // namespace cohort::scaling
