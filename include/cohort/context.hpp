@@ -29,6 +29,7 @@
 #include "cohort/checkpointing/policies.hpp"
 #include "cohort/comm/any.hpp"
 #include "cohort/comm/collectives.hpp"
+#include "cohort/detail/background.hpp"
 #include "cohort/error.hpp"
 #include "cohort/report/console.hpp"
 #include "cohort/report/run_directory.hpp"
@@ -95,7 +96,7 @@ struct report_state {
   report_listener listener;  ///< set (on every rank) when a tuner runs this fit as a trial
   // Async mode: the checkpoint this rank's writer is writing, and the one written on every rank
   // (agreed) that rank 0 commits next. The writer thread makes no MPI call.
-  std::thread worker;
+  detail::background_worker worker;
   std::string worker_error;
   struct pending_checkpoint {
     std::int64_t iteration = 0;
@@ -166,11 +167,17 @@ struct report_state {
   /// A checkpointed report is a step boundary: if any rank received SIGTERM/SIGINT, every rank
   /// commits what is in flight and stops (one small allreduce over the control communicator).
   void stop_if_asked() {
+    if (auto s = agreed_stop_signal()) {
+      flush();
+      throw preempted{s, count};
+    }
+  }
+
+  /// The signal any rank received (0: none), agreed by one small allreduce over control.
+  std::int32_t agreed_stop_signal() {
     std::int32_t s = stop_signal().load();
     control->allreduce(&s, 1, comm::reduce_op::max);
-    if (s == 0) return;
-    flush();
-    throw preempted{s, count};
+    return s;
   }
 
   /// A report with a checkpoint. Collective over the control communicator: every rank writes
@@ -186,10 +193,13 @@ struct report_state {
     if (mode == checkpoint_mode::async) {
       settle_writes();  // at most one checkpoint in flight
       if (payload.snapshot) payload.snapshot();  // copies: training may change the state now
+      // The collective first, while the ranks are still in step: rank 0's work below (handing
+      // the write over, result.json, the console) then holds up no other rank.
+      std::int32_t const signal = agreed_stop_signal();
       auto commit_first = rank == 0 ? std::exchange(to_commit, std::nullopt) : std::nullopt;
       to_commit.reset();
       writing = pending_checkpoint{iteration, row, validate};
-      worker = std::thread([this, commit_first, iteration, payload] {
+      worker.start([this, commit_first, iteration, payload] {
         try {
           if (commit_first) commit_now(commit_first->iteration, commit_first->row, commit_first->validate);
           write_now(iteration, payload);
@@ -198,7 +208,10 @@ struct report_state {
         }
       });
       record(std::move(row));
-      stop_if_asked();
+      if (signal != 0) {  // this checkpoint is the preemption's: committed before stopping
+        flush();
+        throw preempted{signal, count};
+      }
       consult_listener();
       return;
     }
@@ -225,7 +238,7 @@ struct report_state {
   /// Async mode: waits for this rank's writer, agrees on its outcome, and commits what is still
   /// pending. Collective; fit() calls it after the functor returns. A no-op in sync mode.
   void flush() {
-    if (mode != checkpoint_mode::async || (!worker.joinable() && !writing && !to_commit)) return;  // same on every rank
+    if (mode != checkpoint_mode::async || (!worker.busy() && !writing && !to_commit)) return;  // same on every rank
     settle_writes();
     std::optional<std::string> err;
     if (rank == 0 && to_commit) {
@@ -240,7 +253,7 @@ struct report_state {
   }
 
   ~report_state() {
-    if (worker.joinable()) worker.join();
+    worker.wait();
     finish_validation();
     if (reaper.joinable()) reaper.join();
   }
@@ -315,8 +328,8 @@ struct report_state {
 
   /// Joins the writer and agrees on its outcome; what it wrote becomes rank 0's next commit.
   void settle_writes() {
-    if (!worker.joinable() && !writing) return;
-    if (worker.joinable()) worker.join();
+    if (!worker.busy() && !writing) return;
+    worker.wait();
     std::optional<std::string> err;
     if (!worker_error.empty()) err = std::exchange(worker_error, std::string{});
     if (auto e = agree_on(err)) throw cohort::error(*e);

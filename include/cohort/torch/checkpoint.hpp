@@ -14,6 +14,7 @@
 #include <iterator>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -38,24 +39,96 @@ concept module_like = requires(T const& m) {
 template <class T>
 concept optimizer_like = std::is_base_of_v<torch::optim::Optimizer, std::remove_cvref_t<T>>;
 
+using optimizer_state_map = std::remove_cvref_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+
+inline torch::Tensor copy_of(torch::Tensor const& t) { return t.defined() ? t.clone() : t; }
+
+/// A deep copy of an optimizer's per-parameter state (every tensor cloned) for LibTorch's
+/// built-in SGD, Adam, AdamW, Adagrad and RMSprop; nullopt for any other state type.
+inline std::optional<optimizer_state_map> deep_copy_state(torch::optim::Optimizer const& o) {
+  namespace optim = torch::optim;
+  optimizer_state_map out;
+  for (auto const& [key, state] : o.state()) {
+    auto const* p = state.get();
+    std::unique_ptr<optim::OptimizerParamState> copy;
+    if (auto const* s = dynamic_cast<optim::SGDParamState const*>(p)) {
+      auto c = std::make_unique<optim::SGDParamState>(*s);
+      c->momentum_buffer(copy_of(s->momentum_buffer()));
+      copy = std::move(c);
+    } else if (auto const* a = dynamic_cast<optim::AdamParamState const*>(p)) {
+      auto c = std::make_unique<optim::AdamParamState>(*a);
+      c->exp_avg(copy_of(a->exp_avg())).exp_avg_sq(copy_of(a->exp_avg_sq())).max_exp_avg_sq(copy_of(a->max_exp_avg_sq()));
+      copy = std::move(c);
+    } else if (auto const* w = dynamic_cast<optim::AdamWParamState const*>(p)) {
+      auto c = std::make_unique<optim::AdamWParamState>(*w);
+      c->exp_avg(copy_of(w->exp_avg())).exp_avg_sq(copy_of(w->exp_avg_sq())).max_exp_avg_sq(copy_of(w->max_exp_avg_sq()));
+      copy = std::move(c);
+    } else if (auto const* g = dynamic_cast<optim::AdagradParamState const*>(p)) {
+      auto c = std::make_unique<optim::AdagradParamState>(*g);
+      c->sum(copy_of(g->sum()));
+      copy = std::move(c);
+    } else if (auto const* r = dynamic_cast<optim::RMSpropParamState const*>(p)) {
+      auto c = std::make_unique<optim::RMSpropParamState>(*r);
+      c->square_avg(copy_of(r->square_avg())).momentum_buffer(copy_of(r->momentum_buffer())).grad_avg(copy_of(r->grad_avg()));
+      copy = std::move(c);
+    } else {
+      return std::nullopt;
+    }
+    out.emplace(key, std::move(copy));
+  }
+  return out;
+}
+
+/// An optimizer as snapshot() left it: an archive over copies of its state, serialised by the
+/// writer thread, or (optimizers whose state deep_copy_state does not know) the bytes themselves.
+struct saved_optimizer {
+  std::shared_ptr<torch::serialize::OutputArchive> archive;
+  std::string bytes;
+};
+
+inline std::string archive_bytes(torch::serialize::OutputArchive& archive) {
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  return bytes.str();
+}
+
 /// What checkpoint_of refers to: live module tensors and optimizers, until snapshot() copies
 /// them (async mode) so training may go on while they are written.
 struct torch_state {
   std::vector<std::vector<std::pair<std::string, torch::Tensor>>> modules;
   std::vector<torch::optim::Optimizer const*> optimizers;  ///< live until snapshot()
-  std::vector<std::string> optimizer_bytes;                ///< serialised by snapshot()
+  std::vector<saved_optimizer> saved_optimizers;          ///< made by snapshot()
   nlohmann::json values = nlohmann::json::array();
   torch::Tensor cpu_rng;
 
+  /// On the training thread: clones the module tensors and the optimizers' state tensors (a
+  /// copy of the bytes), and builds each optimizer's archive over the clones; the archive's
+  /// serialisation (pickling, zip records, CRC-32: most of the cost) is left to write().
   void snapshot() {
     for (auto& m : modules)
-      for (auto& [name, t] : m) t = t.clone();
+      for (auto& [name, t] : m) t = copy_of(t);
     for (auto const* o : optimizers) {
-      torch::serialize::OutputArchive archive;
-      o->save(archive);
-      std::ostringstream bytes;
-      archive.save_to(bytes);
-      optimizer_bytes.push_back(bytes.str());
+      auto copy = deep_copy_state(*o);
+      if (!copy) {  // an optimizer of unknown state: serialised here, from the live state
+        torch::serialize::OutputArchive archive;
+        o->save(archive);
+        saved_optimizers.push_back({nullptr, archive_bytes(archive)});
+        continue;
+      }
+      // Optimizer::save writes state() into the archive by reference: lend it the copies for
+      // the call. The optimizer is the caller's (checkpoint_of takes it by const reference
+      // only to say report() does not change it, which holds: its state is back on return).
+      auto& live = const_cast<torch::optim::Optimizer&>(*o).state();
+      auto archive = std::make_shared<torch::serialize::OutputArchive>();
+      std::swap(live, *copy);
+      try {
+        o->save(*archive);
+      } catch (...) {
+        std::swap(live, *copy);
+        throw;
+      }
+      std::swap(live, *copy);
+      saved_optimizers.push_back({std::move(archive), {}});
     }
     optimizers.clear();
   }
@@ -143,13 +216,13 @@ checkpoint_payload checkpoint_of(Items const&... items) {
     checkpointing::write_checked(dir / "state.json", state.data(), state.size());
     auto rng = torch::pickle_save(st->cpu_rng);
     checkpointing::write_checked(dir / "rng.pt", rng.data(), rng.size());
-    auto optimizer_bytes = st->optimizer_bytes;  // async: serialised by snapshot(); sync: now
+    std::vector<std::string> optimizer_bytes;  // async: from snapshot()'s archives; sync: from the live optimizers
+    for (auto& saved : st->saved_optimizers)
+      optimizer_bytes.push_back(saved.archive ? detail::archive_bytes(*saved.archive) : saved.bytes);
     for (auto const* o : st->optimizers) {
       torch::serialize::OutputArchive archive;
       o->save(archive);
-      std::ostringstream bytes;
-      archive.save_to(bytes);
-      optimizer_bytes.push_back(bytes.str());
+      optimizer_bytes.push_back(detail::archive_bytes(archive));
     }
     for (std::size_t i = 0; i < optimizer_bytes.size(); ++i)
       checkpointing::write_checked(dir / detail::numbered("optimizer", i, ".pt"), optimizer_bytes[i].data(), optimizer_bytes[i].size());
