@@ -10,7 +10,7 @@ namespace cohort {
 enum class reduce_on {
   automatic,             ///< a thread when each local rank has at least 2 cores (use_communication_thread)
   communication_thread,  ///< a thread per prepared model: all-reduces overlap the rest of backward
-  training_thread,       ///< the training thread, as each bucket becomes ready (blocking)
+  training_thread,       ///< the training thread, every bucket in order at the end of backward (blocking)
 };
 
 /// Knobs of `ctx.prepare_model(model, {...})`.
