@@ -52,8 +52,7 @@ int main(int argc, char** argv) {
     std::cerr << ("[cohort] rank " + std::to_string(rank) + ": error: " + e.what() + "\n");
     return 1;
   }
-  if (cfg.max_train > 0 && cfg.max_train < train_set.inputs.size(0))
-    train_set = {train_set.inputs.narrow(0, 0, cfg.max_train), train_set.targets.narrow(0, 0, cfg.max_train)};
+  train_set = first_n(train_set, cfg.max_train);
 
   // Async validation (Ray's validate_fn): each committed checkpoint is scored on the whole test set
   // by a background thread of rank 0 while training goes on; keep_best ranks checkpoints by it.

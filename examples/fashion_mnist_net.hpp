@@ -49,6 +49,12 @@ inline cohort::tensor_dataset load_fashion_mnist(std::string const& dir, std::st
   return {x, y};
 }
 
+/// The first `n` samples of `set` (all of them when n is 0 or at least the size).
+inline cohort::tensor_dataset first_n(cohort::tensor_dataset const& set, std::int64_t n) {
+  if (n <= 0 || n >= set.inputs.size(0)) return set;
+  return {set.inputs.narrow(0, 0, n), set.targets.narrow(0, 0, n)};
+}
+
 /// How many of samples [lo, hi) of `set` the model classifies correctly (eval mode, no grad).
 template <class Net>
 std::int64_t count_correct(Net& net, cohort::tensor_dataset const& set, std::int64_t lo, std::int64_t hi) {

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "fashion_mnist_net.hpp"
+#include "tune_common.hpp"
 
 struct trial_config {
   double lr = 0.05;
@@ -59,8 +60,7 @@ int main(int argc, char** argv) {
     std::cerr << ("[cohort] rank " + std::to_string(rank) + ": error: " + e.what() + "\n");
     return 1;
   }
-  if (max_train > 0 && max_train < train_set.inputs.size(0))
-    train_set = {train_set.inputs.narrow(0, 0, max_train), train_set.targets.narrow(0, 0, max_train)};
+  train_set = first_n(train_set, max_train);
 
   // One trial: a data-parallel trainer on the trial's ranks (here one), an epoch per report, a
   // checkpoint per epoch so an interrupted experiment resumes where each trial was.
@@ -98,16 +98,5 @@ int main(int argc, char** argv) {
                                       {"batch_size", cohort::choice({32, 64, 128})},
                                       {"max_epochs", max_epochs}},
                         run);
-  if (grid.preempted) return cohort::exit_code_preempted;  // rerun with the same --name to resume
-  if (!grid.ok()) return 1;
-  if (rank == 0) {
-    auto const& best = grid.best_result();
-    nlohmann::json out = best.metrics;
-    out["trial"] = best.id;
-    out["config"] = best.config;
-    out["trials"] = grid.size();
-    out["experiment"] = grid.path.string();
-    std::cout << out.dump() << std::endl;
-  }
-  return 0;
+  return finish_tuning(grid);  // 75 when preempted: rerun with the same --name to resume
 }

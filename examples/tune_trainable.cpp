@@ -16,6 +16,7 @@
 #include <string>
 
 #include "fashion_mnist_net.hpp"
+#include "tune_common.hpp"
 
 /// A two-layer perceptron on Fashion-MNIST, one epoch per step.
 struct fashion_mlp_trainable {
@@ -126,8 +127,7 @@ int main(int argc, char** argv) {
   fashion_mlp_trainable prototype{.max_epochs = epochs};
   try {
     auto train_set = load_fashion_mnist(data_dir, "train");
-    if (max_train > 0 && max_train < train_set.inputs.size(0))
-      train_set = {train_set.inputs.narrow(0, 0, max_train), train_set.targets.narrow(0, 0, max_train)};
+    train_set = first_n(train_set, max_train);
     prototype.train_set = std::make_shared<cohort::tensor_dataset const>(std::move(train_set));
     prototype.test_set = std::make_shared<cohort::tensor_dataset const>(load_fashion_mnist(data_dir, "t10k"));
   } catch (cohort::error const& e) {
@@ -148,16 +148,5 @@ int main(int argc, char** argv) {
                                       {"momentum", cohort::uniform(0.0, 0.99)},
                                       {"batch_size", 64}},
                         run);
-  if (grid.preempted) return cohort::exit_code_preempted;  // rerun with the same --name to resume
-  if (!grid.ok()) return 1;
-  if (rank == 0) {
-    auto const& best = grid.best_result();
-    nlohmann::json out = best.metrics;
-    out["trial"] = best.id;
-    out["config"] = best.config;
-    out["trials"] = grid.size();
-    out["experiment"] = grid.path.string();
-    std::cout << out.dump() << std::endl;
-  }
-  return 0;
+  return finish_tuning(grid);  // 75 when preempted: rerun with the same --name to resume
 }

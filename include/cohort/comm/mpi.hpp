@@ -118,8 +118,8 @@ void ring_average(T* data, std::size_t count, MPI_Comm comm, int rank, int size,
 /// with MPI_Allreduce (fewer steps) and a scaling pass.
 inline constexpr std::size_t ring_min_bytes_per_rank = 32 << 10;
 
-inline void require_floating(bool floating) {
-  if (!floating) throw cohort::error("reduce_op::avg needs float or double buffers: use reduce_op::sum and divide");
+[[noreturn]] inline void avg_needs_floating() {
+  throw cohort::error("reduce_op::avg needs float or double buffers: use reduce_op::sum and divide");
 }
 
 }  // namespace detail
@@ -225,12 +225,11 @@ class mpi {
   template <reducible T>
   void allreduce(T* data, std::size_t count, reduce_op op) {
     if (op == reduce_op::avg) {
-      detail::require_floating(std::floating_point<T>);
-      if constexpr (std::floating_point<T>) {
-        if (size_ > 1 && count * sizeof(T) >= detail::ring_min_bytes_per_rank * static_cast<std::size_t>(size_)) {
-          detail::ring_average(data, count, comm_, rank_, size_, scratch_);
-          return;
-        }
+      if constexpr (!std::floating_point<T>) {
+        detail::avg_needs_floating();
+      } else if (size_ > 1 && count * sizeof(T) >= detail::ring_min_bytes_per_rank * static_cast<std::size_t>(size_)) {
+        detail::ring_average(data, count, comm_, rank_, size_, scratch_);
+      } else {
         allreduce(data, count, reduce_op::sum);
         detail::scale(data, count, T(1) / static_cast<T>(size_));
       }
@@ -250,9 +249,8 @@ class mpi {
   mpi_request iallreduce(T* data, std::size_t count, reduce_op op) {
     std::function<void()> then;
     if (op == reduce_op::avg) {
-      detail::require_floating(std::floating_point<T>);
-      if constexpr (std::floating_point<T>)
-        then = [data, count, f = T(1) / static_cast<T>(size_)] { detail::scale(data, count, f); };
+      if constexpr (!std::floating_point<T>) detail::avg_needs_floating();
+      else then = [data, count, f = T(1) / static_cast<T>(size_)] { detail::scale(data, count, f); };
     }
     MPI_Request first = MPI_REQUEST_NULL;
     std::vector<MPI_Request> rest;
