@@ -3,9 +3,15 @@
 //   mpirun -np 2 ./bench_checkpoint [google-benchmark flags]   (storage: $TMPDIR or /tmp)
 //   plain_write/B        rank 0 writes B bytes to one file and fsyncs it (the baseline)
 //   sync_checkpoint/B    ctx.report(metrics, checkpoint_of(model)) with B bytes of parameters,
-//                        sync mode: capture, pickle, write, CRC-32, fsync, manifest, rename
-//   async_stall/B        the time report() blocks the training thread in async mode
-//                        (the capture; writing happens in the background)
+//                        sync mode: safetensors, XXH3, fsync, manifest, rename, keep_last{1}
+//   alternated/B         the two above alternated, 9 of each: the ratio of their medians
+//   async_stall/B        the time report() blocks the training thread in async mode, for a
+//                        model that is not prepared (report() copies it; writing happens in
+//                        the background)
+//   training_stall       the reference Fashion-MNIST CNN trained (prepared model, SGD with
+//                        momentum, batch 64 per rank) with an async checkpoint every 10 steps:
+//                        report()'s time against the mean step, and the time of those steps
+//                        against the same steps without checkpoints, alternated in one run
 #include <cohort/cohort.hpp>
 
 #include <fcntl.h>
@@ -13,6 +19,7 @@
 
 #include <cstdio>
 
+#include "fashion_mnist_net.hpp"
 #include "mpi_bench.hpp"
 
 namespace {
@@ -25,18 +32,41 @@ struct blob : torch::nn::Module {
   torch::Tensor w;
 };
 
+/// The baseline: rank 0 writes `bytes` to one file and fsyncs it.
+void write_plain(std::vector<char> const& bytes) {
+  if (g_ctx->world_rank() != 0) return;
+  auto path = g_dir / "plain.bin";
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  for (std::size_t off = 0; off < bytes.size();) off += static_cast<std::size_t>(::write(fd, bytes.data() + off, bytes.size() - off));
+  ::fsync(fd);
+  ::close(fd);
+}
+
 void plain_write(benchmark::State& state) {
   std::vector<char> bytes(static_cast<std::size_t>(state.range(0)), 'x');
-  auto path = g_dir / "plain.bin";
-  for (auto _ : state)
-    cohort_bench::timed_iteration(state, [&] {
-      if (g_ctx->world_rank() != 0) return;
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      for (std::size_t off = 0; off < bytes.size();) off += static_cast<std::size_t>(::write(fd, bytes.data() + off, bytes.size() - off));
-      ::fsync(fd);
-      ::close(fd);
-    });
+  for (auto _ : state) cohort_bench::timed_iteration(state, [&] { write_plain(bytes); });
   state.SetBytesProcessed(state.iterations() * state.range(0));
+}
+
+/// Plain writes and sync checkpoints of the same size, alternated (so both meet the disk in the
+/// same state: this virtual disk's fsync times drift by 2x over a run), `pairs` of each; prints
+/// the ratio of the median times: checkpoint / plain throughput.
+void alternated(std::int64_t size_bytes, int pairs) {
+  std::vector<char> bytes(static_cast<std::size_t>(size_bytes), 'x');
+  auto model = std::make_shared<blob>(size_bytes);
+  std::vector<double> plain, checkpoint;
+  for (int i = 0; i < pairs; ++i) {
+    plain.push_back(cohort_bench::slowest_seconds([&] { write_plain(bytes); }));
+    checkpoint.push_back(cohort_bench::slowest_seconds([&] { g_ctx->report({{"b", size_bytes}}, cohort::checkpoint_of(model)); }));
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  if (g_ctx->world_rank() == 0)
+    std::printf("alternated/%lld: plain write %.1f ms, sync checkpoint %.1f ms (medians of %d each): checkpoint / plain throughput %.3f\n",
+                static_cast<long long>(size_bytes), median(plain) * 1e3, median(checkpoint) * 1e3, pairs,
+                median(plain) / median(checkpoint));
 }
 
 // Reports run inside one trainer; each benchmark adds reports with checkpoints of its model.
@@ -67,6 +97,7 @@ int main(int argc, char** argv) {
   auto body = [](cohort::context& ctx) {
     g_ctx = &ctx;
     cohort_bench::run_all();
+    for (std::int64_t b : {std::int64_t{16} << 20, std::int64_t{256} << 20}) alternated(b, 9);
   };
   cohort::trainer{body, cohort::checkpointing::keep_last{.num_to_keep = 1}}.fit(
       nlohmann::json::object(), {.name = "sync", .storage_path = g_dir.string(), .verbose = 0});
@@ -92,6 +123,53 @@ int main(int argc, char** argv) {
                   },
                   cohort::checkpointing::keep_last{.num_to_keep = 1}}
       .fit(nlohmann::json::object(), {.name = "async", .storage_path = g_dir.string(), .verbose = 0,
+                                      .abort_timeout_ms = 30'000, .resume_from_checkpoint = "",
+                                      .checkpoint_mode = cohort::checkpoint_mode::async});
+  // The stall inside training: blocks of 10 steps, alternately ending in an async checkpoint
+  // and not (the same steps otherwise), so both see the same machine.
+  cohort::trainer{[](cohort::context& ctx) {
+                    torch::manual_seed(1);
+                    auto model = ctx.prepare_model(fashion_net());
+                    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+                    auto x = torch::randn({64, 1, 28, 28});
+                    auto y = torch::randint(0, 10, {64});
+                    auto step = [&] {
+                      opt.zero_grad();
+                      torch::cross_entropy_loss(model(x), y).backward();
+                      opt.step();
+                    };
+                    for (int i = 0; i < 5; ++i) step();  // warm-up
+                    constexpr int block_steps = 10, blocks = 20;
+                    std::vector<double> stalls, with_s, without_s;
+                    for (int b = 0; b < 2 * blocks; ++b) {
+                      bool const checkpointed = b % 2 == 1;
+                      double report_s = 0;
+                      double block_s = cohort_bench::slowest_seconds([&] {
+                        for (int i = 0; i < block_steps; ++i) step();
+                        if (!checkpointed) return;
+                        auto t0 = std::chrono::steady_clock::now();
+                        ctx.report({{"block", b}}, cohort::checkpoint_of(model, opt));
+                        report_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                      });
+                      MPI_Allreduce(MPI_IN_PLACE, &report_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+                      (checkpointed ? with_s : without_s).push_back(block_s);
+                      if (checkpointed) stalls.push_back(report_s);
+                    }
+                    auto median = [](std::vector<double> v) {
+                      std::sort(v.begin(), v.end());
+                      return v[v.size() / 2];
+                    };
+                    double const step_s = median(without_s) / block_steps;
+                    if (ctx.world_rank() == 0)
+                      std::printf("training_stall: step %.2f ms; report() with an async checkpoint: median %.3f ms (%.2f%% of a step), "
+                                  "max %.3f ms (%.2f%%); %d steps with a checkpoint / without: %.4f (medians of %d blocks each)\n",
+                                  step_s * 1e3, median(stalls) * 1e3, 100 * median(stalls) / step_s,
+                                  *std::max_element(stalls.begin(), stalls.end()) * 1e3,
+                                  100 * *std::max_element(stalls.begin(), stalls.end()) / step_s, block_steps,
+                                  median(with_s) / median(without_s), blocks);
+                  },
+                  cohort::checkpointing::keep_last{.num_to_keep = 1}}
+      .fit(nlohmann::json::object(), {.name = "training", .storage_path = g_dir.string(), .verbose = 0,
                                       .abort_timeout_ms = 30'000, .resume_from_checkpoint = "",
                                       .checkpoint_mode = cohort::checkpoint_mode::async});
   if (rank == 0) std::filesystem::remove_all(g_dir);

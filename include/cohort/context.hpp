@@ -192,7 +192,7 @@ struct report_state {
     nlohmann::json row = row_of(std::move(metrics));
     if (mode == checkpoint_mode::async) {
       settle_writes();  // at most one checkpoint in flight
-      if (payload.snapshot) payload.snapshot();  // copies: training may change the state now
+      if (payload.snapshot) payload.snapshot(rank);  // copies (or defers them): training may go on now
       // The collective first, while the ranks are still in step: rank 0's work below (handing
       // the write over, result.json, the console) then holds up no other rank.
       std::int32_t const signal = agreed_stop_signal();
@@ -200,11 +200,17 @@ struct report_state {
       to_commit.reset();
       writing = pending_checkpoint{iteration, row, validate};
       worker.start([this, commit_first, iteration, payload] {
+        // The deferred copies first: the training thread's next optimizer step waits for them.
+        try {
+          if (payload.finish_snapshot) payload.finish_snapshot();
+        } catch (std::exception const& e) {
+          worker_error = std::string("checkpoint ") + checkpointing::dir_name(iteration) + " was not written: " + e.what();
+        }
         try {
           if (commit_first) commit_now(commit_first->iteration, commit_first->row, commit_first->validate);
-          write_now(iteration, payload);
+          if (worker_error.empty()) write_now(iteration, payload);
         } catch (std::exception const& e) {
-          worker_error = e.what();
+          if (worker_error.empty()) worker_error = e.what();
         }
       });
       record(std::move(row));

@@ -231,6 +231,7 @@ class trainer {
     reports.run_path = run_path;
     reports.control = &control;
     reports.mode = run.checkpoint_mode;
+    if (reports.mode == checkpoint_mode::async) reports.worker.warm_up();
     reports.listener = std::move(listener);
     reports.retain = [policy = checkpointing()](std::span<cohort::checkpointing::record const> all) { return policy.retain(all); };
     std::string resume_text;  // rank 0: {"path", "iteration"} of the checkpoint to resume from

@@ -176,7 +176,7 @@ bool snapshot_holds(std::string const& kind, Options options) {
   Opt opt(model->parameters(), options);
   steps(model, opt, 2);
   auto payload = cohort::checkpoint_of(model, opt);
-  payload.snapshot();
+  payload.snapshot(0);
   net reference;  // the state at the snapshot, continued from there
   for (std::size_t i = 0; i < model->parameters().size(); ++i)
     reference->parameters()[i].data().copy_(model->parameters()[i].data());
@@ -269,4 +269,101 @@ TEST_CASE("async validation merges its metrics into the right checkpoint and bes
   CHECK(r.best_checkpoints[1].metrics["val"] == 4);
   if (cohort_test::world_rank() == 0)
     CHECK(nlohmann::json::parse(std::ifstream(r.best_checkpoints[0].path / "validation.json"))["val"] == 100);
+}
+
+namespace {
+
+/// How a deferred-copy test trains after its checkpointed report.
+enum class after_report { step_after_backward, change_in_place };
+
+struct deferred_outcome {
+  cohort::result<void> result;
+  std::vector<torch::Tensor> at_report;  ///< rank 0's parameters when report() was called
+  double next_backward_s = 0;            ///< rank 0: how long the backward after the report took
+};
+
+/// Trains a prepared model a few steps, reports an async checkpoint whose copy the writer starts
+/// only after `writer_delay`, then trains on as `then` says. On more than one rank checkpoint_of
+/// defers the parameter and optimizer copy to the writer.
+deferred_outcome train_with_slow_writer(std::string const& name, after_report then, bool report_before_step = false) {
+  auto storage = cohort_test::scratch(name);
+  deferred_outcome out;
+  auto const writer_delay = std::chrono::milliseconds(300);
+  out.result = cohort::trainer{[&](cohort::context& ctx) {
+                 torch::manual_seed(3);
+                 auto model = ctx.prepare_model(net());
+                 torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+                 auto x = torch::linspace(-1, 1, 30).reshape({10, 3});
+                 auto backward = [&] {
+                   opt.zero_grad();
+                   torch::mse_loss(model(x), x.sum(1, true).sin()).backward();
+                 };
+                 for (int i = 0; i < 3; ++i) {
+                   backward();
+                   opt.step();
+                 }
+                 ctx.report({{"k", 1}}, cohort::checkpoint_of(model, opt));  // committed before the slow one
+                 if (report_before_step) backward();
+                 for (auto const& p : model->parameters()) out.at_report.push_back(p.detach().clone());
+                 auto payload = cohort::checkpoint_of(model, opt);
+                 auto copy = payload.finish_snapshot;
+                 payload.finish_snapshot = [copy, writer_delay] {
+                   std::this_thread::sleep_for(writer_delay);
+                   copy();
+                 };
+                 ctx.report({{"k", 2}}, payload);
+                 if (report_before_step) opt.step();  // right away: report() must have copied already
+                 if (then == after_report::change_in_place) {
+                   torch::NoGradGuard no_grad;
+                   model->parameters()[0].mul_(2);  // not an optimizer step, and no backward before it
+                 }
+                 auto const t0 = std::chrono::steady_clock::now();
+                 backward();  // its end waits for a deferred copy
+                 out.next_backward_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                 opt.step();
+               }}.fit(nlohmann::json::object(), run(storage, name, cohort::checkpoint_mode::async));
+  return out;
+}
+
+/// Whether checkpoint_000002 of `r` holds exactly `params` (read on every rank).
+bool holds_parameters(cohort::result<void> const& r, std::vector<torch::Tensor> const& params) {
+  net loaded;
+  cohort::load_checkpoint(cohort::checkpoint::from_directory(r.path / "checkpoint_000002"), loaded);
+  auto const got = loaded->parameters();
+  if (got.size() != params.size()) return false;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!torch::equal(got[i], params[i])) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("an async checkpoint of a prepared model is copied by the writer while the next backward runs, and holds the report's state", "[torch][checkpoint][mpi]") {
+  auto out = train_with_slow_writer("deferred", after_report::step_after_backward);
+  REQUIRE(out.result.ok());
+  if (cohort_test::world_rank() == 0) CHECK(holds_parameters(out.result, out.at_report));
+  // On one rank there is no reducer to hold the step: report() copies at once.
+  if (cohort_test::world_size() > 1 && cohort_test::world_rank() == 0)
+    CHECK(out.next_backward_s >= 0.2);  // the backward's end waited for the writer's copy
+}
+
+TEST_CASE("a report between backward and optimizer step copies at once", "[torch][checkpoint][mpi]") {
+  auto out = train_with_slow_writer("eager", after_report::step_after_backward, /*report_before_step=*/true);
+  REQUIRE(out.result.ok());
+  if (cohort_test::world_rank() == 0) CHECK(holds_parameters(out.result, out.at_report));
+  if (cohort_test::world_rank() == 0) CHECK(out.next_backward_s < 0.2);  // nothing deferred, nothing to wait for
+}
+
+TEST_CASE("a parameter changed in place before the deferred copy fails that checkpoint on every rank and keeps the last good one", "[torch][checkpoint][mpi]") {
+  auto out = train_with_slow_writer("torn", after_report::change_in_place);
+  if (cohort_test::world_size() == 1) {  // copied at report(): the change came later and is harmless
+    CHECK(out.result.ok());
+    return;
+  }
+  REQUIRE_FALSE(out.result.ok());
+  CHECK_THAT(*out.result.error, contains_text("checkpoint checkpoint_000002 was not written: the model or optimizer changed in place after report()"));
+  if (cohort_test::world_rank() == 0) {
+    CHECK(cohort::checkpointing::latest_good(out.result.path)->path().filename() == "checkpoint_000001");
+    CHECK_FALSE(std::filesystem::exists(out.result.path / "checkpoint_000002"));
+  }
 }

@@ -12,10 +12,15 @@ namespace cohort {
 /// one with cohort::checkpoint_of (LibTorch state) or write your own files.
 struct checkpoint_payload {
   std::function<void(std::filesystem::path const& dir, int rank)> write;
-  /// Copies whatever `write` refers to, so that training may change it while `write` runs on a
-  /// background thread. Called by report() in async mode only (sync mode writes before report()
-  /// returns, from the live state, with no copy). May be empty when `write` owns its data.
-  std::function<void()> snapshot{};
+  /// Copies whatever `write` refers to on this rank, so that training may change it while
+  /// `write` runs on a background thread. Called by report() in async mode only, with this
+  /// rank (sync mode writes before report() returns, from the live state, with no copy). May be
+  /// empty when `write` owns its data.
+  std::function<void(int rank)> snapshot{};
+  /// Async mode: called on the writer thread before `write`, to finish copies that `snapshot`
+  /// left for later (checkpoint_of defers the copy of a prepared model's parameters and
+  /// optimizer state, holding the next optimizer step until it is done). May be empty.
+  std::function<void()> finish_snapshot{};
 };
 
 /// When checkpoint files are written.

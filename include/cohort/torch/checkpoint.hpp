@@ -9,8 +9,10 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -25,6 +27,7 @@
 #include "cohort/checkpointing/checkpoint.hpp"
 #include "cohort/checkpointing/payload.hpp"
 #include "cohort/error.hpp"
+#include "cohort/torch/prepare_model.hpp"
 #include "cohort/torch/safetensors.hpp"
 
 namespace cohort {
@@ -43,48 +46,23 @@ using optimizer_state_map = std::remove_cvref_t<decltype(std::declval<torch::opt
 
 inline torch::Tensor copy_of(torch::Tensor const& t) { return t.defined() ? t.clone() : t; }
 
-/// A deep copy of an optimizer's per-parameter state (every tensor cloned) for LibTorch's
-/// built-in SGD, Adam, AdamW, Adagrad and RMSprop; nullopt for any other state type.
-inline std::optional<optimizer_state_map> deep_copy_state(torch::optim::Optimizer const& o) {
-  namespace optim = torch::optim;
-  optimizer_state_map out;
-  for (auto const& [key, state] : o.state()) {
-    auto const* p = state.get();
-    std::unique_ptr<optim::OptimizerParamState> copy;
-    if (auto const* s = dynamic_cast<optim::SGDParamState const*>(p)) {
-      auto c = std::make_unique<optim::SGDParamState>(*s);
-      c->momentum_buffer(copy_of(s->momentum_buffer()));
-      copy = std::move(c);
-    } else if (auto const* a = dynamic_cast<optim::AdamParamState const*>(p)) {
-      auto c = std::make_unique<optim::AdamParamState>(*a);
-      c->exp_avg(copy_of(a->exp_avg())).exp_avg_sq(copy_of(a->exp_avg_sq())).max_exp_avg_sq(copy_of(a->max_exp_avg_sq()));
-      copy = std::move(c);
-    } else if (auto const* w = dynamic_cast<optim::AdamWParamState const*>(p)) {
-      auto c = std::make_unique<optim::AdamWParamState>(*w);
-      c->exp_avg(copy_of(w->exp_avg())).exp_avg_sq(copy_of(w->exp_avg_sq())).max_exp_avg_sq(copy_of(w->max_exp_avg_sq()));
-      copy = std::move(c);
-    } else if (auto const* g = dynamic_cast<optim::AdagradParamState const*>(p)) {
-      auto c = std::make_unique<optim::AdagradParamState>(*g);
-      c->sum(copy_of(g->sum()));
-      copy = std::move(c);
-    } else if (auto const* r = dynamic_cast<optim::RMSpropParamState const*>(p)) {
-      auto c = std::make_unique<optim::RMSpropParamState>(*r);
-      c->square_avg(copy_of(r->square_avg())).momentum_buffer(copy_of(r->momentum_buffer())).grad_avg(copy_of(r->grad_avg()));
-      copy = std::move(c);
-    } else {
-      return std::nullopt;
-    }
-    out.emplace(key, std::move(copy));
-  }
-  return out;
+/// `state`'s tensors replaced by `copy(tensor)`.
+template <class F>
+void copy_tensors(torch::optim::SGDParamState& s, F const& copy) {
+  s.momentum_buffer(copy(s.momentum_buffer()));
 }
-
-/// An optimizer as snapshot() left it: an archive over copies of its state, serialised by the
-/// writer thread, or (optimizers whose state deep_copy_state does not know) the bytes themselves.
-struct saved_optimizer {
-  std::shared_ptr<torch::serialize::OutputArchive> archive;
-  std::string bytes;
-};
+template <class F>
+void copy_tensors(torch::optim::AdagradParamState& s, F const& copy) {
+  s.sum(copy(s.sum()));
+}
+template <class F>
+void copy_tensors(torch::optim::RMSpropParamState& s, F const& copy) {
+  s.square_avg(copy(s.square_avg())).momentum_buffer(copy(s.momentum_buffer())).grad_avg(copy(s.grad_avg()));
+}
+template <class State, class F>  // Adam, AdamW
+void copy_tensors(State& s, F const& copy) {
+  s.exp_avg(copy(s.exp_avg())).exp_avg_sq(copy(s.exp_avg_sq())).max_exp_avg_sq(copy(s.max_exp_avg_sq()));
+}
 
 inline std::string archive_bytes(torch::serialize::OutputArchive& archive) {
   std::ostringstream bytes;
@@ -92,55 +70,205 @@ inline std::string archive_bytes(torch::serialize::OutputArchive& archive) {
   return bytes.str();
 }
 
+/// An optimizer as snapshot() left it: a function that serialises it (run by the writer
+/// thread), or, for an optimizer whose state snapshot() cannot copy, the bytes themselves.
+struct saved_optimizer {
+  std::function<std::string()> serialise;
+  std::string bytes;
+};
+
+/// If `o` is an `Opt`: its state with every tensor replaced by `copy(tensor)` and its
+/// parameter groups (options cloned: a later learning-rate change does not reach them), and
+/// the writer's function that saves them through a second `Opt` built over them, so the bytes
+/// are exactly what `o.save` writes. The live optimizer is only read.
+template <class Opt, class State, class Options, class F>
+std::optional<saved_optimizer> capture_optimizer(torch::optim::Optimizer const& o, F const& copy) {
+  if (!dynamic_cast<Opt const*>(&o)) return std::nullopt;
+  auto state = std::make_shared<optimizer_state_map>();
+  for (auto const& [key, st] : o.state()) {
+    auto const* typed = dynamic_cast<State const*>(st.get());
+    if (!typed) return std::nullopt;
+    auto c = std::make_unique<State>(*typed);
+    copy_tensors(*c, copy);
+    state->emplace(key, std::move(c));
+  }
+  auto groups = std::make_shared<std::vector<torch::optim::OptimizerParamGroup>>(o.param_groups());
+  auto const defaults = static_cast<Options const&>(o.defaults());
+  return saved_optimizer{[state, groups, defaults] {
+    Opt twin(*groups, defaults);
+    twin.state() = std::move(*state);
+    torch::serialize::OutputArchive archive;
+    twin.save(archive);
+    return archive_bytes(archive);
+  }, {}};
+}
+
+/// capture_optimizer for LibTorch's built-in SGD, Adam, AdamW, Adagrad and RMSprop; any other
+/// optimizer is serialised here, from the live state.
+template <class F>
+saved_optimizer capture_any_optimizer(torch::optim::Optimizer const& o, F const& copy) {
+  namespace optim = torch::optim;
+  auto s = capture_optimizer<optim::SGD, optim::SGDParamState, optim::SGDOptions>(o, copy);
+  if (!s) s = capture_optimizer<optim::Adam, optim::AdamParamState, optim::AdamOptions>(o, copy);
+  if (!s) s = capture_optimizer<optim::AdamW, optim::AdamWParamState, optim::AdamWOptions>(o, copy);
+  if (!s) s = capture_optimizer<optim::Adagrad, optim::AdagradParamState, optim::AdagradOptions>(o, copy);
+  if (!s) s = capture_optimizer<optim::RMSprop, optim::RMSpropParamState, optim::RMSpropOptions>(o, copy);
+  if (s) return std::move(*s);
+  torch::serialize::OutputArchive archive;
+  o.save(archive);
+  return {{}, archive_bytes(archive)};
+}
+
+/// The tensors checkpoint_of captured from prepared models: their gradient reducers, which hold
+/// the next optimizer step while a deferred copy is pending, and the parameters they average.
+struct step_holders {
+  std::vector<std::shared_ptr<gradient_reducer>> reducers;
+  std::vector<void const*> params;  ///< TensorImpl of every parameter those reducers average
+  bool all_modules_prepared = true;
+
+  bool holds(torch::Tensor const& t) const {
+    return std::find(params.begin(), params.end(), t.unsafeGetTensorImpl()) != params.end();
+  }
+  void add(std::shared_ptr<gradient_reducer> const& r) {
+    if (!r || std::find(reducers.begin(), reducers.end(), r) != reducers.end()) return;
+    reducers.push_back(r);
+    for (auto const& p : r->params()) params.push_back(p.unsafeGetTensorImpl());
+  }
+};
+
 /// What checkpoint_of refers to: live module tensors and optimizers, until snapshot() copies
 /// them (async mode) so training may go on while they are written.
 struct torch_state {
   std::vector<std::vector<std::pair<std::string, torch::Tensor>>> modules;
+  std::vector<std::vector<bool>> trainable;  ///< per module tensor: a parameter a reducer averages
   std::vector<torch::optim::Optimizer const*> optimizers;  ///< live until snapshot()
   std::vector<saved_optimizer> saved_optimizers;          ///< made by snapshot()
   nlohmann::json values = nlohmann::json::array();
   torch::Tensor cpu_rng;
+  step_holders holders;
+  // A deferred snapshot: the live tensors still to be copied into their destinations (read by
+  // finish_snapshot() on the writer thread), their version counters and sampled values at
+  // report() (a change before the copy means a torn checkpoint), and the gate that holds the
+  // next optimizer step until they are copied.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> pending;
+  std::vector<std::int64_t> versions;
+  std::vector<std::uint64_t> values_at_report;  ///< sampled_values of the sources at report()
+  std::shared_ptr<step_gate> gate;
 
-  /// On the training thread: clones the module tensors and the optimizers' state tensors (a
-  /// copy of the bytes), and builds each optimizer's archive over the clones; the archive's
-  /// serialisation (pickling, zip records, CRC-32: most of the cost) is left to write().
-  void snapshot() {
-    for (auto& m : modules)
-      for (auto& [name, t] : m) t = copy_of(t);
-    for (auto const* o : optimizers) {
-      auto copy = deep_copy_state(*o);
-      if (!copy) {  // an optimizer of unknown state: serialised here, from the live state
-        torch::serialize::OutputArchive archive;
-        o->save(archive);
-        saved_optimizers.push_back({nullptr, archive_bytes(archive)});
-        continue;
-      }
-      // Optimizer::save writes state() into the archive by reference: lend it the copies for
-      // the call. The optimizer is the caller's (checkpoint_of takes it by const reference
-      // only to say report() does not change it, which holds: its state is back on return).
-      auto& live = const_cast<torch::optim::Optimizer&>(*o).state();
-      auto archive = std::make_shared<torch::serialize::OutputArchive>();
-      std::swap(live, *copy);
-      try {
-        o->save(*archive);
-      } catch (...) {
-        std::swap(live, *copy);
-        throw;
-      }
-      std::swap(live, *copy);
-      saved_optimizers.push_back({std::move(archive), {}});
+  torch_state() = default;
+  torch_state(torch_state const&) = delete;
+  torch_state& operator=(torch_state const&) = delete;
+  ~torch_state() {
+    if (gate) gate->open();  // dropped before its copy: nothing holds the step any more
+  }
+
+  /// Whether the copies may wait for the writer thread: every module is prepared with a
+  /// reducer, each optimizer trains only their parameters, and every reducer saw an optimizer
+  /// step since its last backward, so the next change to these tensors comes after another
+  /// backward, whose end waits for the copy; and the tensors are on the CPU. Otherwise (one
+  /// rank, a report between backward and step, other tensors) report() copies them itself.
+  bool deferrable() const {
+    if (holders.reducers.empty() || !holders.all_modules_prepared) return false;
+    for (auto const& r : holders.reducers) {
+      if (!r->stepped_since_backward()) return false;
+      for (auto const& p : r->params())
+        if (!p.device().is_cpu()) return false;
     }
+    for (auto const* o : optimizers)
+      for (auto const& g : o->param_groups())
+        for (auto const& p : g.params())
+          if (!holders.holds(p)) return false;
+    return true;
+  }
+
+  /// On the training thread (async mode): copies what training may change before the next
+  /// backward ends (buffers, optimizer options) and either clones the trainable parameters and
+  /// the optimizers' state tensors as well, or (deferrable()) allocates their destinations and
+  /// leaves the copy to finish_snapshot(), holding the next optimizer step until it is done.
+  /// The optimizers' archives (building, pickling, zip records, CRC-32) are left to write().
+  /// Only rank 0 writes: other ranks copy nothing.
+  void snapshot(int rank) {
+    if (rank != 0) {
+      modules.clear();
+      optimizers.clear();
+      return;
+    }
+    bool const defer = deferrable();
+    auto copy = [&](torch::Tensor const& t) {
+      if (!t.defined() || !defer) return copy_of(t);
+      auto dst = torch::empty_like(t);
+      pending.emplace_back(t, dst);
+      versions.push_back(t._version());
+      return dst;
+    };
+    for (std::size_t m = 0; m < modules.size(); ++m)
+      for (std::size_t i = 0; i < modules[m].size(); ++i) {
+        auto& t = modules[m][i].second;
+        t = trainable[m][i] ? copy(t) : copy_of(t);  // buffers change in every forward
+      }
+    for (auto const* o : optimizers) saved_optimizers.push_back(capture_any_optimizer(*o, copy));
     optimizers.clear();
+    if (!pending.empty()) {
+      std::vector<torch::Tensor> sources;
+      for (auto const& [src, dst] : pending) sources.push_back(src);
+      values_at_report = sampled_values(sources);
+      gate = std::make_shared<step_gate>();
+      for (auto const& r : holders.reducers) r->hold_step_until(gate);
+    }
+  }
+
+  /// On the writer thread, before write(): the copies snapshot() deferred, then the next
+  /// optimizer step may go on. Throws cohort::error when a tensor changed before it was copied
+  /// (an in-place change with no backward in between): that checkpoint is not written.
+  void finish_snapshot() {
+    if (!gate) return;
+    bool changed = false;
+    std::vector<torch::Tensor> copies;
+    {
+      torch::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < pending.size(); ++i) {
+        pending[i].second.copy_(pending[i].first);
+        changed = changed || pending[i].first._version() != versions[i];
+        copies.push_back(pending[i].second);
+      }
+    }
+    changed = changed || sampled_values(copies) != values_at_report;
+    pending.clear();
+    gate->open();
+    if (changed)
+      throw cohort::error(
+          "the model or optimizer changed in place after report() and before the next backward ended, while the "
+          "async checkpoint was copying it: report after optimizer.step(), change parameters only in the "
+          "optimizer step, or use checkpoint_mode::sync");
   }
 };
 
 template <class T>
+struct is_prepared_model : std::false_type {};
+template <class M>
+struct is_prepared_model<prepared_model<M>> : std::true_type {};
+
+template <class T>
 void capture(torch_state& s, T const& item) {
   if constexpr (module_like<T>) {
+    if constexpr (is_prepared_model<T>::value) {
+      s.holders.add(item.reducer());
+      s.holders.all_modules_prepared = s.holders.all_modules_prepared && item.reducer() != nullptr;
+    } else {
+      s.holders.all_modules_prepared = false;
+    }
     std::vector<std::pair<std::string, torch::Tensor>> d;
-    for (auto const& p : item->named_parameters()) d.emplace_back(p.key(), p.value().detach());
-    for (auto const& b : item->named_buffers()) d.emplace_back(b.key(), b.value().detach());
+    std::vector<bool> trainable;
+    for (auto const& p : item->named_parameters()) {
+      trainable.push_back(s.holders.holds(p.value()));
+      d.emplace_back(p.key(), p.value().detach());  // shares the parameter's version counter
+    }
+    for (auto const& b : item->named_buffers()) {
+      trainable.push_back(false);
+      d.emplace_back(b.key(), b.value().detach());
+    }
     s.modules.push_back(std::move(d));
+    s.trainable.push_back(std::move(trainable));
   } else if constexpr (optimizer_like<T>) {
     s.optimizers.push_back(&item);
   } else {
@@ -207,7 +335,8 @@ checkpoint_payload checkpoint_of(Items const&... items) {
   (detail::capture(*st, items), ...);
   st->cpu_rng = at::detail::getDefaultCPUGenerator().get_state().clone();
   checkpoint_payload p;
-  p.snapshot = [st] { st->snapshot(); };
+  p.snapshot = [st](int rank) { st->snapshot(rank); };
+  p.finish_snapshot = [st] { st->finish_snapshot(); };
   p.write = [st](std::filesystem::path const& dir, int rank) {
     if (rank != 0) return;
     // Small files first: the model's fsync (write_checked) then carries them to disk in the same
@@ -218,7 +347,7 @@ checkpoint_payload checkpoint_of(Items const&... items) {
     checkpointing::write_checked(dir / "rng.pt", rng.data(), rng.size());
     std::vector<std::string> optimizer_bytes;  // async: from snapshot()'s archives; sync: from the live optimizers
     for (auto& saved : st->saved_optimizers)
-      optimizer_bytes.push_back(saved.archive ? detail::archive_bytes(*saved.archive) : saved.bytes);
+      optimizer_bytes.push_back(saved.serialise ? saved.serialise() : saved.bytes);
     for (auto const* o : st->optimizers) {
       torch::serialize::OutputArchive archive;
       o->save(archive);

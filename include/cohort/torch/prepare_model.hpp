@@ -12,9 +12,12 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstring>
 #include <deque>
+#include <latch>
 #include <mutex>
 #include <thread>
 #include <cstdint>
@@ -69,6 +72,49 @@ inline void broadcast_tensor(comm::any& c, torch::Tensor& t) {
   c.broadcast(reinterpret_cast<std::byte*>(host.data_ptr()), host.nbytes(), 0);
   if (!host.is_same(t)) t.copy_(host);
 }
+
+/// A few sampled values of each tensor (first, middle, last element, as bits): cheap to take,
+/// and changed by an optimizer step with any non-zero update. Empty when a tensor is not a
+/// contiguous CPU float or double tensor (nothing can be told then).
+inline std::vector<std::uint64_t> sampled_values(std::vector<torch::Tensor> const& tensors) {
+  std::vector<std::uint64_t> out;
+  out.reserve(3 * tensors.size());
+  for (auto const& t : tensors) {
+    if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous() || t.numel() == 0) return {};
+    auto const n = t.numel();
+    for (auto i : {std::int64_t{0}, n / 2, n - 1}) {
+      if (t.scalar_type() == torch::kFloat) {
+        std::uint32_t bits = 0;
+        std::memcpy(&bits, t.data_ptr<float>() + i, sizeof bits);
+        out.push_back(bits);
+      } else if (t.scalar_type() == torch::kDouble) {
+        std::uint64_t bits = 0;
+        std::memcpy(&bits, t.data_ptr<double>() + i, sizeof bits);
+        out.push_back(bits);
+      } else {
+        return {};
+      }
+    }
+  }
+  return out;
+}
+
+/// Holds a prepared model's next optimizer step until an async checkpoint has copied the live
+/// tensors it refers to (CheckFreq's pipelined snapshot): opened once by the checkpoint writer,
+/// or when the checkpoint is dropped; the end of every backward waits for the gates it holds.
+class step_gate {
+ public:
+  /// Opens the gate (once; later calls do nothing).
+  void open() {
+    if (!opened_.exchange(true)) latch_.count_down();
+  }
+  /// Blocks until open() was called.
+  void wait() { latch_.wait(); }
+
+ private:
+  std::latch latch_{1};
+  std::atomic<bool> opened_{false};
+};
 
 /// Averages gradients over a communicator during backward, as PyTorch DDP's reducer does with
 /// gradient_as_bucket_view: each parameter's .grad aliases its slot in a flat bucket buffer, so
@@ -146,6 +192,27 @@ class gradient_reducer {
 
   std::size_t num_buckets() const { return buckets_.size(); }
   bool sync_enabled = true;  ///< false inside no_sync(): gradients accumulate locally
+
+  /// The parameters whose gradients are averaged (those that require grad).
+  std::vector<torch::Tensor> const& params() const { return params_; }
+
+  /// Whether the parameters changed (an optimizer step) since the end of the last synchronised
+  /// backward: their version counters or their sampled values differ (LibTorch's SGD updates
+  /// `p.data()`, which leaves the version counter alone). False before the first backward, and
+  /// when nothing can be told.
+  bool stepped_since_backward() const {
+    if (backward_versions_ < 0) return false;
+    if (version_sum() != backward_versions_) return true;
+    auto const now = sampled_values(params_);
+    return !now.empty() && !backward_values_.empty() && now != backward_values_;
+  }
+
+  /// The end of every later synchronised backward waits until `gate` is open (before the
+  /// optimizer step that follows it). Training thread.
+  void hold_step_until(std::shared_ptr<step_gate> gate) {
+    std::lock_guard lock(mutex_);
+    gates_.push_back(std::move(gate));
+  }
 
  private:
   struct bucket {
@@ -278,6 +345,17 @@ class gradient_reducer {
     wake_.wait(lock, [&] { return std::all_of(done_.begin(), done_.end(), [](char d) { return d != 0; }); });
     in_pass_ = false;
     if (!error_.empty()) throw cohort::error("gradient all-reduce failed: " + error_);
+    auto gates = std::exchange(gates_, {});
+    lock.unlock();
+    for (auto const& g : gates) g->wait();  // an async checkpoint still copying: the step must wait
+    backward_versions_ = version_sum();
+    backward_values_ = sampled_values(params_);
+  }
+
+  std::int64_t version_sum() const {
+    std::int64_t v = 0;
+    for (auto const& p : params_) v += p._version();
+    return v;
   }
 
   comm::any& comm_;
@@ -290,12 +368,15 @@ class gradient_reducer {
   std::vector<std::uintptr_t> hook_keys_;
   std::size_t next_ = 0;
   bool in_pass_ = false;
+  std::int64_t backward_versions_ = -1;  ///< the parameters' version sum at the end of the last backward
+  std::vector<std::uint64_t> backward_values_;  ///< their sampled_values then
   // Communication thread state, guarded by mutex_.
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::size_t> queue_;
   std::vector<char> done_;  ///< per bucket: reduced in this pass
   std::string error_;
+  std::vector<std::shared_ptr<step_gate>> gates_;  ///< held by async checkpoints still copying
   bool stop_ = false;
   bool busy_ = false;  ///< the thread is reducing a bucket
   std::thread worker_;
@@ -346,6 +427,9 @@ class prepared_model {
 
   /// Number of gradient buckets (0 when running on one rank: nothing to synchronise).
   std::size_t num_buckets() const { return reducer_ ? reducer_->num_buckets() : 0; }
+
+  /// The gradient reducer (null on one rank); checkpoint_of uses it to defer its copies.
+  std::shared_ptr<detail::gradient_reducer> const& reducer() const { return reducer_; }
 
  private:
   Module module_;
