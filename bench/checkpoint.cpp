@@ -4,7 +4,8 @@
 //   plain_write/B        rank 0 writes B bytes to one file and fsyncs it (the baseline)
 //   sync_checkpoint/B    ctx.report(metrics, checkpoint_of(model)) with B bytes of parameters,
 //                        sync mode: safetensors, XXH3, fsync, manifest, rename, keep_last{1}
-//   alternated/B         the two above alternated, 9 of each: the ratio of their medians
+//   alternated/B         the two above alternated, 9 of each, each after a sync and a pause (no
+//                        earlier write-back or deletion in its time): the ratio of the medians
 //   async_stall/B        the time report() blocks the training thread in async mode, for a
 //                        model that is not prepared (report() copies it; writing happens in
 //                        the background)
@@ -48,15 +49,29 @@ void plain_write(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * state.range(0));
 }
 
+/// Lets the disk settle before a timed write: a sync and a pause on every rank, so that no
+/// write-back or deletion of an earlier iteration (the checkpoints' background deletion, the
+/// plain file's previous blocks) lands in the next one's time.
+void settle_disk() {
+  if (g_ctx->world_rank() == 0) {
+    std::filesystem::remove(g_dir / "plain.bin");  // the plain write, like a checkpoint, makes a new file
+    ::sync();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  if (g_ctx->world_rank() == 0) ::sync();
+}
+
 /// Plain writes and sync checkpoints of the same size, alternated (so both meet the disk in the
-/// same state: this virtual disk's fsync times drift by 2x over a run), `pairs` of each; prints
-/// the ratio of the median times: checkpoint / plain throughput.
+/// same state: this virtual disk's fsync times drift by 2x over a run), each after settle_disk(),
+/// `pairs` of each; prints the ratio of the median times: checkpoint / plain throughput.
 void alternated(std::int64_t size_bytes, int pairs) {
   std::vector<char> bytes(static_cast<std::size_t>(size_bytes), 'x');
   auto model = std::make_shared<blob>(size_bytes);
   std::vector<double> plain, checkpoint;
   for (int i = 0; i < pairs; ++i) {
+    settle_disk();
     plain.push_back(cohort_bench::slowest_seconds([&] { write_plain(bytes); }));
+    settle_disk();
     checkpoint.push_back(cohort_bench::slowest_seconds([&] { g_ctx->report({{"b", size_bytes}}, cohort::checkpoint_of(model)); }));
   }
   auto median = [](std::vector<double> v) {
