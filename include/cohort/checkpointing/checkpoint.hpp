@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -93,14 +95,46 @@ inline std::string file_hash(std::filesystem::path const& p) {
   return h.hex();
 }
 
+namespace detail {
+
+/// What write_checked knows of a file it wrote, for commit(): its checksum, its size and
+/// whether it is already synced. Keyed by path; commit() takes the entries of its files out.
+struct written_file {
+  std::string xxh3;
+  std::uint64_t size = 0;
+  bool synced = false;
+};
+
+inline std::mutex& written_mutex() {
+  static std::mutex m;
+  return m;
+}
+inline std::map<std::string, written_file>& written_files() {
+  static std::map<std::string, written_file> files;
+  return files;
+}
+
+/// The record write_checked left for `path` (removed from the registry), if any.
+inline std::optional<written_file> take_written(std::filesystem::path const& path) {
+  std::lock_guard lock(written_mutex());
+  auto& files = written_files();
+  auto it = files.find(path.string());
+  if (it == files.end()) return std::nullopt;
+  auto out = it->second;
+  files.erase(it);
+  return out;
+}
+
+}  // namespace detail
+
 /// Files of at least this many bytes are fsynced by write_checked itself, overlapped with their
 /// checksum; smaller ones by commit(). Chosen with bench_checkpoint (a checkpoint's small files
 /// are metadata: syncing each as it is written cost a journal commit apiece).
 inline constexpr std::size_t sync_at_write_bytes = std::size_t{1} << 20;
 
 /// Writes pieces of memory, in order, to `path`, fsyncs it when it is large (else commit() does),
-/// and leaves `<path>.xxh3` holding the checksum and size, which commit() uses instead of reading
-/// the file back. Throws cohort::error naming the file (a full disk, a file size limit).
+/// and records its checksum and size for commit(), which then neither reads the file back nor
+/// syncs it again. Throws cohort::error naming the file (a full disk, a file size limit).
 inline void write_checked(std::filesystem::path const& path, std::vector<std::pair<void const*, std::size_t>> const& pieces) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw cohort::error("cannot create " + path.string() + ": check permissions");
@@ -139,10 +173,8 @@ inline void write_checked(std::filesystem::path const& path, std::vector<std::pa
     }
   }
   ::close(fd);
-  std::ofstream side(path.string() + ".xxh3");
-  side << h.hex() << " " << total << "\n";
-  side.flush();
-  if (!side) throw cohort::error("could not write " + path.string() + ".xxh3: check free space");
+  std::lock_guard lock(detail::written_mutex());
+  detail::written_files()[path.string()] = {h.hex(), total, total >= sync_at_write_bytes};
 }
 
 /// write_checked of one piece of memory.
@@ -160,32 +192,25 @@ inline void fsync_path(std::filesystem::path const& p) {
 }
 
 /// Commits `staging` as `final`: lists every regular file under it (relative path, size, XXH3-64
-/// checksum; taken from the `.xxh3` sidecar that write_checked leaves, else computed from the file)
-/// with `metadata` in manifest.json, fsyncs the files, the manifest and the directories, renames
-/// `staging` to `final` and fsyncs the parent. A crash at any point leaves either no `final` or a
-/// complete one. Throws cohort::error (and leaves no `final`) on any failure.
+/// checksum; as write_checked recorded it, else computed from the file) with `metadata` in
+/// manifest.json, fsyncs the files (but those write_checked synced), the manifest and the
+/// directories, renames `staging` to `final` and fsyncs the parent. A crash at any point leaves
+/// either no `final` or a complete one. Throws cohort::error (and leaves no `final`) on any failure.
 inline void commit(std::filesystem::path const& staging, std::filesystem::path const& final_dir,
                    nlohmann::json const& metadata) {
   namespace fs = std::filesystem;
   nlohmann::json files = nlohmann::json::array();
   std::vector<fs::path> dirs{staging};
-  std::vector<fs::path> sidecars;
   for (auto const& e : fs::recursive_directory_iterator(staging)) {
     if (e.is_directory()) dirs.push_back(e.path());
     if (!e.is_regular_file()) continue;
-    if (e.path().extension() == ".xxh3") {
-      sidecars.push_back(e.path());
-      continue;
-    }
     auto const size = static_cast<std::uint64_t>(e.file_size());
-    std::string hash;
-    std::ifstream side(e.path().string() + ".xxh3");
-    std::uint64_t n = 0;
-    if (!(side >> hash >> n) || n != size) hash = file_hash(e.path());  // not written by write_checked
-    fsync_path(e.path());  // cheap for a file write_checked synced, or one a later fsync carried
+    auto const known = detail::take_written(e.path());
+    bool const recorded = known && known->size == size;
+    std::string const hash = recorded ? known->xxh3 : file_hash(e.path());  // else not written by write_checked
+    if (!recorded || !known->synced) fsync_path(e.path());  // cheap for a small file a later fsync carried
     files.push_back({{"name", fs::relative(e.path(), staging).generic_string()}, {"size", size}, {"xxh3", hash}});
   }
-  for (auto const& sc : sidecars) fs::remove(sc);
   {
     std::ofstream out(staging / "manifest.json", std::ios::trunc);
     out << nlohmann::json{{"format", 1}, {"files", files}, {"metadata", metadata}}.dump(2) << "\n";
