@@ -46,8 +46,8 @@ inline torch::ScalarType dtype_of(std::string const& s) {
 }
 }  // namespace detail
 
-/// Writes `tensors` (name, CPU tensor) to `path` with checkpointing::write_checked (fsynced, with
-/// its checksum sidecar). Contiguous CPU tensors are written from their own memory, no copy.
+/// Writes `tensors` (name, CPU tensor) to `path` with checkpointing::write_checked (fsynced, its
+/// checksum recorded for the commit). Contiguous CPU tensors are written from their own memory, no copy.
 inline void save(std::filesystem::path const& path, std::vector<std::pair<std::string, torch::Tensor>> const& tensors) {
   nlohmann::json header = nlohmann::json::object();
   std::vector<torch::Tensor> data;
