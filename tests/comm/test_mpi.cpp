@@ -111,3 +111,33 @@ TEST_CASE("any erases the communicator type and still reduces in place", "[comm]
   auto sub = owned.split(world.rank() % 2, world.rank());
   CHECK(sub.size() == (world.size() - world.rank() % 2 + 1) / 2);
 }
+
+TEST_CASE("bfloat16 rounds to nearest even and mpi reduces it in float32, identically on every rank", "[comm][mpi]") {
+  using cohort::comm::bfloat16;
+  CHECK(bfloat16::from_float(1.0f).to_float() == 1.0f);
+  CHECK(bfloat16::from_float(1.0f + 1.0f / 256).to_float() == 1.0f);                  // a tie: to even (down)
+  CHECK(bfloat16::from_float(1.0f + 3.0f / 256).to_float() == 1.0f + 1.0f / 64);      // a tie: to even (up)
+  CHECK(bfloat16::from_float(1.0f + 1.0f / 128 + 1.0f / 1024).to_float() == 1.0f + 1.0f / 128);
+  CHECK(std::isnan(bfloat16::from_float(std::nanf("")).to_float()));
+  auto c = cohort::comm::mpi::world();
+  int const n = c.size(), r = c.rank();
+  std::vector<bfloat16> v{bfloat16::from_float(float(r)), bfloat16::from_float(0.5f), bfloat16::from_float(-float(r))};
+  c.allreduce(v.data(), v.size(), reduce_op::sum);  // small integers: exact in bfloat16
+  CHECK(v[0].to_float() == float(n * (n - 1) / 2));
+  CHECK(v[1].to_float() == 0.5f * float(n));
+  std::vector<bfloat16> m{bfloat16::from_float(float(r)), bfloat16::from_float(-float(r))};
+  c.allreduce(m.data(), m.size(), reduce_op::max);
+  CHECK(m[0].to_float() == float(n - 1));
+  CHECK(m[1].to_float() == 0.0f);
+  std::vector<bfloat16> a{bfloat16::from_float(2.0f * float(r))};
+  c.allreduce(a.data(), a.size(), reduce_op::avg);
+  CHECK(a[0].to_float() == float(n - 1));
+  // Every rank ends with the same bits, also for values that round.
+  std::vector<bfloat16> x;
+  for (int i = 0; i < 1000; ++i) x.push_back(bfloat16::from_float(std::sin(float(i + 7 * r))));
+  c.allreduce(x.data(), x.size(), reduce_op::sum);
+  std::vector<std::uint64_t> bits(x.size()), lo(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) bits[i] = lo[i] = x[i].bits;
+  c.allreduce(bits.data(), bits.size(), reduce_op::max);
+  CHECK(bits == lo);
+}

@@ -186,3 +186,42 @@ TEST_CASE("a model layout that differs on one rank is an error on every rank, no
   CHECK_THAT(*r.error, contains_text("on rank " + std::to_string(odd)));
   CHECK_THAT(*r.error, contains_text("'l1.weight' [9, 4]"));
 }
+
+TEST_CASE("bfloat16 gradient compression averages gradients to bfloat16 precision, identically on every rank", "[torch][mpi]") {
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+             torch::manual_seed(3);
+             mlp net(16);
+             mlp plain(16);  // the same parameters (broadcast below), no reducer: the full-precision reference
+             auto model = ctx.prepare_model(net, {.bucket_cap_bytes = 256, .first_bucket_cap_bytes = 64,
+                                                  .compression = cohort::gradient_compression::bfloat16});
+             {
+               torch::NoGradGuard no_grad;
+               for (std::size_t i = 0; i < plain->parameters().size(); ++i) plain->parameters()[i].copy_(model->parameters()[i]);
+             }
+             auto x = inputs(8 * ctx.world_size()).narrow(0, 8 * ctx.world_rank(), 8) * (1 + ctx.world_rank());
+             torch::mse_loss(model(x), targets(x)).backward();
+             torch::mse_loss(plain(x), targets(x)).backward();
+             bool within = true, rounded = false, same_everywhere = true;
+             for (std::size_t i = 0; i < plain->parameters().size(); ++i) {
+               if (!plain->parameters()[i].grad().defined()) continue;  // the unused layer
+               auto g = model->parameters()[i].grad().contiguous();
+               auto ref = plain->parameters()[i].grad().contiguous().clone();
+               ctx.comm().allreduce(ref.data_ptr<float>(), static_cast<std::size_t>(ref.numel()), cohort::comm::reduce_op::avg);
+               // bfloat16 keeps 8 significant bits: a relative error of 2^-8 per rounding, a few roundings.
+               auto tol = 4.0 / 256 * ref.abs().max().item<double>() + 1e-12;
+               within = within && ((g - ref).abs() <= tol).all().item<bool>();
+               rounded = rounded || !torch::equal(g, ref);
+               auto hi = g.clone(), lo = g.clone();
+               ctx.comm().allreduce(hi.data_ptr<float>(), static_cast<std::size_t>(hi.numel()), cohort::comm::reduce_op::max);
+               ctx.comm().allreduce(lo.data_ptr<float>(), static_cast<std::size_t>(lo.numel()), cohort::comm::reduce_op::min);
+               same_everywhere = same_everywhere && torch::equal(hi, lo);
+             }
+             return nlohmann::json{{"within", within}, {"rounded", rounded}, {"same", same_everywhere}};
+           }}.fit(nlohmann::json::object(), quiet("compression"));
+  REQUIRE(r.ok());
+  for (auto const& v : r.return_values) {
+    CHECK(v["within"] == true);
+    CHECK(v["same"] == true);
+    if (cohort_test::world_size() > 1) CHECK(v["rounded"] == true);  // compressed: not the float32 average
+  }
+}

@@ -115,6 +115,7 @@ class any {
     virtual int size() const = 0;
     COHORT_ANY_REDUCE(float)
     COHORT_ANY_REDUCE(double)
+    COHORT_ANY_REDUCE(bfloat16)
     COHORT_ANY_REDUCE(std::int32_t)
     COHORT_ANY_REDUCE(std::int64_t)
     COHORT_ANY_REDUCE(std::uint8_t)
@@ -144,6 +145,7 @@ class any {
     int size() const override { return get().size(); }
     COHORT_ANY_REDUCE(float)
     COHORT_ANY_REDUCE(double)
+    COHORT_ANY_REDUCE(bfloat16)
     COHORT_ANY_REDUCE(std::int32_t)
     COHORT_ANY_REDUCE(std::int64_t)
     COHORT_ANY_REDUCE(std::uint8_t)

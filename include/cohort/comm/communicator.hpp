@@ -4,6 +4,7 @@
 /// Implementations: comm::mpi (CPU, always available) and, with COHORT_WITH_NCCL, the NCCL
 /// backend of the GPU issue. Nothing here depends on LibTorch.
 
+#include <bit>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -12,12 +13,30 @@ namespace cohort::comm {
 
 /// Element-wise reduction applied by allreduce. `avg` is the sum divided by the communicator's
 /// size in one operation (NCCL's ncclAvg; comm::mpi fuses the division into its reduction), for
-/// float and double only: a communicator throws cohort::error for it on integer buffers.
+/// float, double and bfloat16 only: a communicator throws cohort::error for it on integer buffers.
 enum class reduce_op { sum, max, min, avg };
+
+/// A bfloat16 number stored as its 16 bits (the upper half of a float32): the element type of
+/// gradient buckets compressed for the all-reduce (model_options::compression). Communicators
+/// reduce it in float32 and round each result to bfloat16, as NCCL does.
+struct bfloat16 {
+  std::uint16_t bits = 0;
+
+  /// `f` rounded to the nearest bfloat16 (ties to even); a NaN stays a NaN.
+  static bfloat16 from_float(float f) {
+    auto u = std::bit_cast<std::uint32_t>(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<std::uint16_t>((u >> 16) | 0x40u)};
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return {static_cast<std::uint16_t>(u >> 16)};
+  }
+  /// The exact float32 value.
+  float to_float() const { return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16); }
+  friend bool operator==(bfloat16, bfloat16) = default;
+};
 
 /// Element types every communicator reduces.
 template <class T>
-concept reducible = std::same_as<T, float> || std::same_as<T, double> ||
+concept reducible = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, bfloat16> ||
                     std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> ||
                     std::same_as<T, std::uint8_t> || std::same_as<T, std::uint64_t>;
 
@@ -38,12 +57,13 @@ concept request = std::movable<R> && requires(R& r) {
 template <class C>
 concept communicator =
     std::movable<C> &&
-    requires(C& c, C const& cc, float* f, double* d, std::int32_t* i32, std::int64_t* i,
+    requires(C& c, C const& cc, float* f, double* d, bfloat16* h, std::int32_t* i32, std::int64_t* i,
              std::uint8_t* u8, std::uint64_t* u64, std::byte* b, std::byte const* cb, std::size_t n, int r) {
       { cc.rank() } -> std::same_as<int>;
       { cc.size() } -> std::same_as<int>;
       c.allreduce(f, n, reduce_op::sum);
       c.allreduce(d, n, reduce_op::sum);
+      c.allreduce(h, n, reduce_op::sum);
       c.allreduce(i32, n, reduce_op::sum);
       c.allreduce(i, n, reduce_op::max);
       c.allreduce(u8, n, reduce_op::min);

@@ -32,6 +32,7 @@ template <class T>
 MPI_Datatype mpi_type() {
   if constexpr (std::same_as<T, float>) return MPI_FLOAT;
   else if constexpr (std::same_as<T, double>) return MPI_DOUBLE;
+  else if constexpr (std::same_as<T, bfloat16>) return MPI_UINT16_T;  // reduced by bfloat16_op
   else if constexpr (std::same_as<T, std::int32_t>) return MPI_INT32_T;
   else if constexpr (std::same_as<T, std::int64_t>) return MPI_INT64_T;
   else if constexpr (std::same_as<T, std::uint8_t>) return MPI_UINT8_T;
@@ -44,6 +45,42 @@ inline MPI_Op mpi_op(reduce_op op) {
     case reduce_op::min: return MPI_MIN;
     default: return MPI_SUM;
   }
+}
+
+/// An MPI user operation on bfloat16 (MPI has no such type): each pair added (or compared) in
+/// float32 and rounded back, as NCCL reduces bfloat16.
+template <reduce_op Op>
+void bfloat16_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto const* a = static_cast<bfloat16 const*>(in);
+  auto* b = static_cast<bfloat16*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    float const x = a[i].to_float(), y = b[i].to_float();
+    float const r = Op == reduce_op::max ? std::max(x, y) : Op == reduce_op::min ? std::min(x, y) : x + y;
+    b[i] = bfloat16::from_float(r);
+  }
+}
+
+/// The MPI operation for `op` on elements of type T (created once for bfloat16).
+template <class T>
+MPI_Op mpi_op_for(reduce_op op) {
+  if constexpr (std::same_as<T, bfloat16>) {
+    auto make = [](MPI_User_function* f) {
+      MPI_Op o = MPI_OP_NULL;
+      check_mpi(MPI_Op_create(f, 1, &o), "MPI_Op_create");
+      return o;
+    };
+    static MPI_Op const sum = make(&bfloat16_reduce<reduce_op::sum>);
+    static MPI_Op const max = make(&bfloat16_reduce<reduce_op::max>);
+    static MPI_Op const min = make(&bfloat16_reduce<reduce_op::min>);
+    return op == reduce_op::max ? max : op == reduce_op::min ? min : sum;
+  } else {
+    return mpi_op(op);
+  }
+}
+
+/// `data[i] *= factor`, rounded back to bfloat16.
+inline void scale(bfloat16* data, std::size_t n, float factor) {
+  for (std::size_t i = 0; i < n; ++i) data[i] = bfloat16::from_float(data[i].to_float() * factor);
 }
 
 /// MPI counts are `int`; larger buffers go in chunks of this many elements.
@@ -225,7 +262,10 @@ class mpi {
   template <reducible T>
   void allreduce(T* data, std::size_t count, reduce_op op) {
     if (op == reduce_op::avg) {
-      if constexpr (!std::floating_point<T>) {
+      if constexpr (std::same_as<T, bfloat16>) {
+        allreduce(data, count, reduce_op::sum);
+        detail::scale(data, count, 1.0f / static_cast<float>(size_));
+      } else if constexpr (!std::floating_point<T>) {
         detail::avg_needs_floating();
       } else if (size_ > 1 && count * sizeof(T) >= detail::ring_min_bytes_per_rank * static_cast<std::size_t>(size_)) {
         detail::ring_average(data, count, comm_, rank_, size_, scratch_);
@@ -238,7 +278,7 @@ class mpi {
     for (std::size_t off = 0; off < count; off += detail::max_chunk) {
       auto n = static_cast<int>(std::min(detail::max_chunk, count - off));
       detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + off, n, detail::mpi_type<T>(),
-                                      detail::mpi_op(op), comm_),
+                                      detail::mpi_op_for<T>(op), comm_),
                         "MPI_Allreduce");
     }
   }
@@ -249,7 +289,9 @@ class mpi {
   mpi_request iallreduce(T* data, std::size_t count, reduce_op op) {
     std::function<void()> then;
     if (op == reduce_op::avg) {
-      if constexpr (!std::floating_point<T>) detail::avg_needs_floating();
+      if constexpr (std::same_as<T, bfloat16>)
+        then = [data, count, f = 1.0f / static_cast<float>(size_)] { detail::scale(data, count, f); };
+      else if constexpr (!std::floating_point<T>) detail::avg_needs_floating();
       else then = [data, count, f = T(1) / static_cast<T>(size_)] { detail::scale(data, count, f); };
     }
     MPI_Request first = MPI_REQUEST_NULL;
@@ -258,7 +300,7 @@ class mpi {
       auto n = static_cast<int>(std::min(detail::max_chunk, count - off));
       MPI_Request r;
       detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data + off, n, detail::mpi_type<T>(),
-                                       detail::mpi_op(op), comm_, &r),
+                                       detail::mpi_op_for<T>(op), comm_, &r),
                         "MPI_Iallreduce");
       if (off == 0) first = r;
       else rest.push_back(r);

@@ -54,6 +54,7 @@ template <class T>
 ncclDataType_t nccl_type() {
   if constexpr (std::same_as<T, float>) return ncclFloat32;
   else if constexpr (std::same_as<T, double>) return ncclFloat64;
+  else if constexpr (std::same_as<T, bfloat16>) return ncclBfloat16;
   else if constexpr (std::same_as<T, std::int32_t>) return ncclInt32;
   else if constexpr (std::same_as<T, std::int64_t>) return ncclInt64;
   else if constexpr (std::same_as<T, std::uint8_t>) return ncclUint8;
@@ -196,7 +197,7 @@ class nccl {
   /// stream's other work, no host synchronisation. Cost: one ncclAllReduce.
   template <reducible T>
   void allreduce(T* data, std::size_t count, reduce_op op) {
-    if (op == reduce_op::avg && !std::floating_point<T>) detail::avg_needs_floating();
+    if (op == reduce_op::avg && !std::floating_point<T> && !std::same_as<T, bfloat16>) detail::avg_needs_floating();
     detail::check_nccl(ncclAllReduce(data, data, count, detail::nccl_type<T>(), detail::nccl_op(op), live(), state_->stream),
                        "ncclAllReduce");
   }

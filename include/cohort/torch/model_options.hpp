@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// Tuning knobs of prepare_model (no LibTorch needed to name them). They never change results.
+/// Knobs of prepare_model (no LibTorch needed to name them). All but `compression` leave results unchanged.
 
 #include <cstddef>
 
@@ -11,6 +11,12 @@ enum class reduce_on {
   automatic,             ///< a thread when each local rank has at least 2 cores (use_communication_thread)
   communication_thread,  ///< a thread per prepared model: all-reduces overlap the rest of backward
   training_thread,       ///< the training thread, every bucket in order at the end of backward (blocking)
+};
+
+/// What gradients travel as in the all-reduce (PyTorch DDP's communication hooks).
+enum class gradient_compression {
+  none,      ///< as they are (float32 or float64)
+  bfloat16,  ///< float32 buckets rounded to bfloat16 (half the bytes), averaged, widened back (DDP's bf16_compress_hook)
 };
 
 /// Knobs of `ctx.prepare_model(model, {...})`.
@@ -24,6 +30,11 @@ struct model_options {
   /// with 2 ranks (docs/benchmarks.md): there the thread competes with backward for the cores and
   /// MPI's busy-polling, and reducing on the training thread was faster at every size.
   cohort::reduce_on reduce_on = cohort::reduce_on::automatic;
+  /// Compression of float32 gradient buckets for the all-reduce (float64 buckets are sent as
+  /// they are). Unlike the knobs above, it changes the result: each rank's gradient divided by
+  /// the size is rounded to bfloat16 (8 significant bits), summed in float32 with a rounding to
+  /// bfloat16 per addition, and widened back.
+  cohort::gradient_compression compression = cohort::gradient_compression::none;
 };
 
 /// Pure: whether buckets are reduced on a communication thread, given the knob, the node's cores

@@ -155,6 +155,8 @@ class gradient_reducer {
                             " are not supported by the MPI backend: use float32 or float64 parameters");
       bk.params = plan[b].tensors;
       bk.flat = torch::zeros({numel}, first.options().requires_grad(false));
+      if (options.compression == gradient_compression::bfloat16 && st == torch::kFloat)
+        bk.compressed.resize(static_cast<std::size_t>(numel));
       std::int64_t offset = 0;
       for (auto i : plan[b].tensors) {
         // set_ (not narrow): a plain tensor sharing the bucket's storage, so that optimizers may
@@ -218,6 +220,7 @@ class gradient_reducer {
   struct bucket {
     std::vector<std::size_t> params;
     torch::Tensor flat;
+    std::vector<comm::bfloat16> compressed;  ///< the bfloat16 copy sent instead (compression), else empty
     std::size_t pending = 0;
   };
 
@@ -301,6 +304,16 @@ class gradient_reducer {
   void reduce(std::size_t b) {
     auto& flat = buckets_[b].flat;
     auto n = static_cast<std::size_t>(flat.numel());
+    if (auto& packed = buckets_[b].compressed; !packed.empty()) {
+      // bfloat16: divided by the size and rounded once on the way in (DDP's bf16 hook divides
+      // after rounding), summed, widened back on the way out.
+      float* g = flat.data_ptr<float>();
+      float const inv = 1.0f / static_cast<float>(comm_.size());
+      for (std::size_t i = 0; i < n; ++i) packed[i] = comm::bfloat16::from_float(g[i] * inv);
+      comm_.allreduce(packed.data(), n, comm::reduce_op::sum);
+      for (std::size_t i = 0; i < n; ++i) g[i] = packed[i].to_float();
+      return;
+    }
     // avg: the division by the world size is fused into the reduction (no extra pass).
     if (flat.scalar_type() == torch::kFloat) comm_.allreduce(flat.data_ptr<float>(), n, comm::reduce_op::avg);
     else comm_.allreduce(flat.data_ptr<double>(), n, comm::reduce_op::avg);
