@@ -24,6 +24,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cohort/comm/any.hpp"
@@ -377,7 +378,10 @@ class gradient_reducer {
   std::vector<std::size_t> slot_of_;    ///< per parameter: its bucket
   std::vector<bucket> buckets_;
   std::vector<bool> seen_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  ///< kept alive: a Variable holds them weakly
+  /// Kept alive: a Variable holds them weakly. A shared_ptr in LibTorch 1.13, an intrusive_ptr in
+  /// later versions: the type grad_accumulator returns.
+  using accumulator_ptr = decltype(torch::autograd::impl::grad_accumulator(std::declval<torch::Tensor const&>()));
+  std::vector<accumulator_ptr> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
   std::size_t next_ = 0;
   bool in_pass_ = false;
