@@ -42,6 +42,7 @@
 #endif
 
 #if COHORT_WITH_TORCH
+#include "cohort/torch/autocast.hpp"
 #include "cohort/torch/checkpoint.hpp"
 #include "cohort/torch/data_loader.hpp"
 #include "cohort/torch/device.hpp"

@@ -225,3 +225,39 @@ TEST_CASE("bfloat16 gradient compression averages gradients to bfloat16 precisio
     if (cohort_test::world_size() > 1) CHECK(v["rounded"] == true);  // compressed: not the float32 average
   }
 }
+
+TEST_CASE("autocast runs the forward in bfloat16 while parameters and averaged gradients stay float32", "[torch][mpi]") {
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+             torch::manual_seed(3);
+             auto model = ctx.prepare_model(mlp(16));
+             auto x = inputs(8 * ctx.world_size()).narrow(0, 8 * ctx.world_rank(), 8);
+             torch::Tensor out, loss;
+             {
+               cohort::autocast mixed{ctx.device()};
+               out = model(x);
+               {
+                 cohort::autocast nested{ctx.device()};  // nests: the outer scope stays on
+               }
+               loss = torch::mse_loss(out.to(torch::kFloat), targets(x));
+             }
+             auto after = model(x);  // autocast is off again
+             loss.backward();
+             bool grads_float = true;
+             for (auto const& p : model->parameters())
+               if (p.grad().defined())  // the unused layer has none on one rank (no reducer)
+                 grads_float = grads_float && p.grad().scalar_type() == torch::kFloat;
+             return nlohmann::json{{"inside", std::string(c10::toString(out.scalar_type()))},
+                                   {"after", std::string(c10::toString(after.scalar_type()))},
+                                   {"grads_float", grads_float},
+                                   {"param", std::string(c10::toString(model->parameters()[0].scalar_type()))}};
+           }}.fit(nlohmann::json::object(), quiet("autocast"));
+  REQUIRE(r.ok());
+  for (auto const& v : r.return_values) {
+    CHECK(v["inside"] == "BFloat16");
+    CHECK(v["after"] == "Float");
+    CHECK(v["grads_float"] == true);
+    CHECK(v["param"] == "Float");
+  }
+  CHECK_THROWS_WITH(cohort::autocast(cohort::device{}, torch::kHalf), contains_text("float16 autocast on the CPU is not supported"));
+  CHECK_THROWS_WITH(cohort::autocast(cohort::device{}, torch::kFloat), contains_text("is not a reduced precision"));
+}
