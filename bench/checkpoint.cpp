@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "fashion_mnist_net.hpp"
@@ -32,6 +33,12 @@ struct blob : torch::nn::Module {
   explicit blob(std::int64_t bytes) { w = register_parameter("w", torch::rand({bytes / 4})); }
   torch::Tensor w;
 };
+
+/// The median of `v` (the upper one of an even count).
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 /// The baseline: rank 0 writes `bytes` to one file and fsyncs it.
 void write_plain(std::vector<char> const& bytes) {
@@ -74,10 +81,6 @@ void alternated(std::int64_t size_bytes, int pairs) {
     settle_disk();
     checkpoint.push_back(cohort_bench::slowest_seconds([&] { g_ctx->report({{"b", size_bytes}}, cohort::checkpoint_of(model)); }));
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   if (g_ctx->world_rank() == 0)
     std::printf("alternated/%lld: plain write %.1f ms, sync checkpoint %.1f ms (medians of %d each): checkpoint / plain throughput %.3f\n",
                 static_cast<long long>(size_bytes), median(plain) * 1e3, median(checkpoint) * 1e3, pairs,
@@ -170,10 +173,6 @@ int main(int argc, char** argv) {
                       (checkpointed ? with_s : without_s).push_back(block_s);
                       if (checkpointed) stalls.push_back(report_s);
                     }
-                    auto median = [](std::vector<double> v) {
-                      std::sort(v.begin(), v.end());
-                      return v[v.size() / 2];
-                    };
                     double const step_s = median(without_s) / block_steps;
                     if (ctx.world_rank() == 0)
                       std::printf("training_stall: step %.2f ms; report() with an async checkpoint: median %.3f ms (%.2f%% of a step), "

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -32,7 +33,7 @@ template <class T>
 MPI_Datatype mpi_type() {
   if constexpr (std::same_as<T, float>) return MPI_FLOAT;
   else if constexpr (std::same_as<T, double>) return MPI_DOUBLE;
-  else if constexpr (std::same_as<T, bfloat16>) return MPI_UINT16_T;  // reduced by bfloat16_op
+  else if constexpr (std::same_as<T, bfloat16>) return MPI_UINT16_T;  // reduced by the user operations of mpi_op_for
   else if constexpr (std::same_as<T, std::int32_t>) return MPI_INT32_T;
   else if constexpr (std::same_as<T, std::int64_t>) return MPI_INT64_T;
   else if constexpr (std::same_as<T, std::uint8_t>) return MPI_UINT8_T;
@@ -155,8 +156,14 @@ void ring_average(T* data, std::size_t count, MPI_Comm comm, int rank, int size,
 /// with MPI_Allreduce (fewer steps) and a scaling pass.
 inline constexpr std::size_t ring_min_bytes_per_rank = 32 << 10;
 
+/// Element types reduce_op::avg applies to, and the type of their scaling factor.
+template <class T>
+concept averageable = std::floating_point<T> || std::same_as<T, bfloat16>;
+template <class T>
+using scale_type = std::conditional_t<std::same_as<T, bfloat16>, float, T>;
+
 [[noreturn]] inline void avg_needs_floating() {
-  throw cohort::error("reduce_op::avg needs float or double buffers: use reduce_op::sum and divide");
+  throw cohort::error("reduce_op::avg needs float or double (or bfloat16) buffers: use reduce_op::sum and divide");
 }
 
 }  // namespace detail
@@ -262,16 +269,17 @@ class mpi {
   template <reducible T>
   void allreduce(T* data, std::size_t count, reduce_op op) {
     if (op == reduce_op::avg) {
-      if constexpr (std::same_as<T, bfloat16>) {
-        allreduce(data, count, reduce_op::sum);
-        detail::scale(data, count, 1.0f / static_cast<float>(size_));
-      } else if constexpr (!std::floating_point<T>) {
+      if constexpr (!detail::averageable<T>) {
         detail::avg_needs_floating();
-      } else if (size_ > 1 && count * sizeof(T) >= detail::ring_min_bytes_per_rank * static_cast<std::size_t>(size_)) {
-        detail::ring_average(data, count, comm_, rank_, size_, scratch_);
       } else {
+        if constexpr (std::floating_point<T>) {
+          if (size_ > 1 && count * sizeof(T) >= detail::ring_min_bytes_per_rank * static_cast<std::size_t>(size_)) {
+            detail::ring_average(data, count, comm_, rank_, size_, scratch_);
+            return;
+          }
+        }
         allreduce(data, count, reduce_op::sum);
-        detail::scale(data, count, T(1) / static_cast<T>(size_));
+        detail::scale(data, count, detail::scale_type<T>(1) / static_cast<detail::scale_type<T>>(size_));
       }
       return;
     }
@@ -289,10 +297,9 @@ class mpi {
   mpi_request iallreduce(T* data, std::size_t count, reduce_op op) {
     std::function<void()> then;
     if (op == reduce_op::avg) {
-      if constexpr (std::same_as<T, bfloat16>)
-        then = [data, count, f = 1.0f / static_cast<float>(size_)] { detail::scale(data, count, f); };
-      else if constexpr (!std::floating_point<T>) detail::avg_needs_floating();
-      else then = [data, count, f = T(1) / static_cast<T>(size_)] { detail::scale(data, count, f); };
+      using F = detail::scale_type<T>;
+      if constexpr (!detail::averageable<T>) detail::avg_needs_floating();
+      else then = [data, count, f = F(1) / static_cast<F>(size_)] { detail::scale(data, count, f); };
     }
     MPI_Request first = MPI_REQUEST_NULL;
     std::vector<MPI_Request> rest;

@@ -197,7 +197,7 @@ class nccl {
   /// stream's other work, no host synchronisation. Cost: one ncclAllReduce.
   template <reducible T>
   void allreduce(T* data, std::size_t count, reduce_op op) {
-    if (op == reduce_op::avg && !std::floating_point<T> && !std::same_as<T, bfloat16>) detail::avg_needs_floating();
+    if (op == reduce_op::avg && !detail::averageable<T>) detail::avg_needs_floating();
     detail::check_nccl(ncclAllReduce(data, data, count, detail::nccl_type<T>(), detail::nccl_op(op), live(), state_->stream),
                        "ncclAllReduce");
   }

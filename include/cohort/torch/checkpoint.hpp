@@ -150,7 +150,7 @@ struct torch_state {
   // finish_snapshot() on the writer thread), their version counters and sampled values at
   // report() (a change before the copy means a torn checkpoint), and the gate that holds the
   // next optimizer step until they are copied.
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> pending;
+  std::vector<torch::Tensor> sources, copies;  ///< live tensor i is copied into copies[i]
   std::vector<std::int64_t> versions;
   std::vector<std::uint64_t> values_at_report;  ///< sampled_values of the sources at report()
   std::shared_ptr<step_gate> gate;
@@ -196,10 +196,10 @@ struct torch_state {
     bool const defer = deferrable();
     auto copy = [&](torch::Tensor const& t) {
       if (!t.defined() || !defer) return copy_of(t);
-      auto dst = torch::empty_like(t);
-      pending.emplace_back(t, dst);
+      sources.push_back(t);
+      copies.push_back(torch::empty_like(t));
       versions.push_back(t._version());
-      return dst;
+      return copies.back();
     };
     for (std::size_t m = 0; m < modules.size(); ++m)
       for (std::size_t i = 0; i < modules[m].size(); ++i) {
@@ -208,9 +208,7 @@ struct torch_state {
       }
     for (auto const* o : optimizers) saved_optimizers.push_back(capture_any_optimizer(*o, copy));
     optimizers.clear();
-    if (!pending.empty()) {
-      std::vector<torch::Tensor> sources;
-      for (auto const& [src, dst] : pending) sources.push_back(src);
+    if (!sources.empty()) {
       values_at_report = sampled_values(sources);
       gate = std::make_shared<step_gate>();
       for (auto const& r : holders.reducers) r->hold_step_until(gate);
@@ -223,17 +221,15 @@ struct torch_state {
   void finish_snapshot() {
     if (!gate) return;
     bool changed = false;
-    std::vector<torch::Tensor> copies;
     {
       torch::NoGradGuard no_grad;
-      for (std::size_t i = 0; i < pending.size(); ++i) {
-        pending[i].second.copy_(pending[i].first);
-        changed = changed || pending[i].first._version() != versions[i];
-        copies.push_back(pending[i].second);
+      for (std::size_t i = 0; i < sources.size(); ++i) {
+        copies[i].copy_(sources[i]);
+        changed = changed || sources[i]._version() != versions[i];
       }
     }
     changed = changed || sampled_values(copies) != values_at_report;
-    pending.clear();
+    sources.clear();  // the live tensors are no longer read
     gate->open();
     if (changed)
       throw cohort::error(

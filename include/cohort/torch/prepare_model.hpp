@@ -74,29 +74,38 @@ inline void broadcast_tensor(comm::any& c, torch::Tensor& t) {
   if (!host.is_same(t)) t.copy_(host);
 }
 
-/// A few sampled values of each tensor (first, middle, last element, as bits): cheap to take,
-/// and changed by an optimizer step with any non-zero update. Empty when a tensor is not a
-/// contiguous CPU float or double tensor (nothing can be told then).
-inline std::vector<std::uint64_t> sampled_values(std::vector<torch::Tensor> const& tensors) {
-  std::vector<std::uint64_t> out;
-  out.reserve(3 * tensors.size());
+/// Fills `out` with a few sampled values of each tensor (first, middle, last element, as bits):
+/// cheap to take, and changed by an optimizer step with any non-zero update. `out` is left empty
+/// when a tensor is not a contiguous CPU float or double tensor (nothing can be told then). It
+/// reuses `out`'s memory: no allocation once it has held as many values.
+inline void sample_values(std::vector<torch::Tensor> const& tensors, std::vector<std::uint64_t>& out) {
+  out.clear();
   for (auto const& t : tensors) {
-    if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous() || t.numel() == 0) return {};
+    bool const readable = t.defined() && t.device().is_cpu() && t.is_contiguous() && t.numel() > 0 &&
+                          (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kDouble);
+    if (!readable) {
+      out.clear();
+      return;
+    }
     auto const n = t.numel();
     for (auto i : {std::int64_t{0}, n / 2, n - 1}) {
+      std::uint64_t bits = 0;
       if (t.scalar_type() == torch::kFloat) {
-        std::uint32_t bits = 0;
-        std::memcpy(&bits, t.data_ptr<float>() + i, sizeof bits);
-        out.push_back(bits);
-      } else if (t.scalar_type() == torch::kDouble) {
-        std::uint64_t bits = 0;
-        std::memcpy(&bits, t.data_ptr<double>() + i, sizeof bits);
-        out.push_back(bits);
+        std::uint32_t b32 = 0;
+        std::memcpy(&b32, t.data_ptr<float>() + i, sizeof b32);
+        bits = b32;
       } else {
-        return {};
+        std::memcpy(&bits, t.data_ptr<double>() + i, sizeof bits);
       }
+      out.push_back(bits);
     }
   }
+}
+
+/// sample_values into a new vector.
+inline std::vector<std::uint64_t> sampled_values(std::vector<torch::Tensor> const& tensors) {
+  std::vector<std::uint64_t> out;
+  sample_values(tensors, out);
   return out;
 }
 
@@ -125,7 +134,8 @@ class step_gate {
 /// for the training thread; MPI's blocking all-reduce is its fastest algorithm, and a thread of its
 /// own overlaps it with the rest of backward; see use_communication_thread for when it is used,
 /// otherwise the buckets are reduced on the training thread, in order, once backward is done); an
-/// engine callback at the end of backward awaits the buckets. Each bucket is averaged by one all-reduce (reduce_op::avg), the division fused in.
+/// engine callback at the end of backward awaits the buckets. Each bucket is averaged by one all-reduce
+/// (reduce_op::avg, the division fused in; with bfloat16 compression a sum of values divided on the way in).
 /// MPI is called from one thread at a time (MPI_THREAD_SERIALIZED): the training thread makes no
 /// MPI call between the first hook of a backward pass and the end of that pass. When MPI was
 /// initialised below MPI_THREAD_SERIALIZED, buckets are reduced on the training thread instead.
@@ -363,7 +373,7 @@ class gradient_reducer {
     lock.unlock();
     for (auto const& g : gates) g->wait();  // an async checkpoint still copying: the step must wait
     backward_versions_ = version_sum();
-    backward_values_ = sampled_values(params_);
+    sample_values(params_, backward_values_);  // per step: into the same buffer, no allocation
   }
 
   std::int64_t version_sum() const {
