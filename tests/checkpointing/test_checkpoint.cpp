@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -45,6 +46,27 @@ TEST_CASE("a committed checkpoint lists every file with size and checksum and ve
   auto ck = cohort::checkpoint::from_directory(dir);
   CHECK(ck.metadata()["training_iteration"] == 3);
   CHECK(fs::exists(ck.as_directory() / "sub" / "rank1.bin"));
+}
+
+TEST_CASE("files from write_checked, large (synced as written) and small, are listed with plain ones", "[checkpointing][pure]") {
+  auto run = fresh_dir("write_checked");
+  auto staging = run / ".staging" / dir_name(1);
+  fs::create_directories(staging / "sub");
+  std::string const small = "{\"values\": [1, 2]}";
+  std::string const large(large_file_bytes + 3, 'L');
+  write_checked(staging / "state.json", small.data(), small.size());
+  write_checked(staging / "model.safetensors", {{large.data(), 100}, {large.data() + 100, large.size() - 100}});
+  std::ofstream(staging / "sub" / "rank1.bin", std::ios::binary) << "per-rank state";
+  commit(staging, run / dir_name(1), {});
+  auto const dir = run / dir_name(1);
+  CHECK_FALSE(verify(dir).has_value());
+  std::ifstream in(dir / "manifest.json");
+  auto const manifest = nlohmann::json::parse(in);
+  std::map<std::string, std::uint64_t> listed;
+  for (auto const& f : manifest["files"]) listed[f["name"].get<std::string>()] = f["size"].get<std::uint64_t>();
+  CHECK(listed == std::map<std::string, std::uint64_t>{{"model.safetensors", large.size()}, {"state.json", small.size()}, {"sub/rank1.bin", 14}});
+  for (auto const& f : manifest["files"]) CHECK(f["xxh3"] == file_hash(dir / f["name"].get<std::string>()));
+  CHECK_FALSE(detail::take_written(staging / "model.safetensors").has_value());  // commit took the records
 }
 
 TEST_CASE("a corrupt, truncated or unlisted checkpoint is skipped for the previous good one", "[checkpointing][pure]") {

@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -125,12 +126,68 @@ inline std::optional<written_file> take_written(std::filesystem::path const& pat
   return out;
 }
 
+/// Starts writing `fd`'s dirty pages to the disk without waiting for them (Linux:
+/// sync_file_range). The file system allocates their blocks now, so they join the journal
+/// transaction that the next fsync commits; elsewhere a no-op, and fsync does it all.
+inline void start_writeback(int fd) {
+#if defined(__linux__)
+  ::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+#else
+  (void)fd;
+#endif
+}
+
+/// start_writeback of the file (or directory: a no-op) at `p`, if it can be opened.
+inline void start_writeback(std::filesystem::path const& p) {
+  if (int fd = ::open(p.c_str(), O_RDONLY); fd >= 0) {
+    start_writeback(fd);
+    ::close(fd);
+  }
+}
+
+/// fsyncs `paths` (files and directories) concurrently, on up to 8 threads: the file system
+/// then commits them in one journal transaction and the disk merges their cache flushes, where
+/// one fsync after another cost a commit or a flush apiece (docs/benchmarks.md). Throws
+/// cohort::error naming the first path that failed.
+inline void sync_together(std::vector<std::filesystem::path> const& paths) {
+  std::atomic<std::size_t> next{0};
+  std::mutex failure_mutex;
+  std::optional<std::string> failure;
+  auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < paths.size();) {
+      int fd = ::open(paths[i].c_str(), O_RDONLY);
+      int const rc = fd < 0 ? -1 : ::fsync(fd);
+      if (fd >= 0) ::close(fd);
+      if (rc != 0) {
+        std::lock_guard lock(failure_mutex);
+        if (!failure) failure = (fd < 0 ? "cannot open " + paths[i].string() + " to sync it" : "fsync of " + paths[i].string() + " failed: check free space");
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (std::size_t t = 1; t < std::min<std::size_t>(paths.size(), 8); ++t) threads.emplace_back(work);
+  work();
+  for (auto& t : threads) t.join();
+  if (failure) throw cohort::error(*failure);
+}
+
+/// Starts the write-back of the files write_checked wrote into `dir` and has not synced, so that
+/// the next fsync in `dir` commits their blocks too.
+inline void start_writeback_of_unsynced(std::filesystem::path const& dir) {
+  std::vector<std::string> paths;
+  {
+    std::lock_guard lock(written_mutex());
+    for (auto const& [path, file] : written_files())
+      if (!file.synced && std::filesystem::path(path).parent_path() == dir) paths.push_back(path);
+  }
+  for (auto const& p : paths) start_writeback(std::filesystem::path(p));
+}
+
 }  // namespace detail
 
 /// Files of at least this many bytes are fsynced by write_checked itself, overlapped with their
-/// checksum; smaller ones by commit(). Chosen with bench_checkpoint (a checkpoint's small files
-/// are metadata: syncing each as it is written cost a journal commit apiece).
-inline constexpr std::size_t sync_at_write_bytes = std::size_t{1} << 20;
+/// checksum; smaller ones by commit().
+inline constexpr std::size_t large_file_bytes = std::size_t{1} << 20;
 
 /// Writes pieces of memory, in order, to `path`, fsyncs it when it is large (else commit() does),
 /// and records its checksum and size for commit(), which then neither reads the file back nor
@@ -154,14 +211,13 @@ inline void write_checked(std::filesystem::path const& path, std::vector<std::pa
     total += n;
   }
   hasher h;
-  if (total < sync_at_write_bytes) {
-    // A small file: hashed now, synced by commit() (or by a later large file's fsync, which carries
-    // it in the same journal commit).
+  if (total < large_file_bytes) {
     for (auto const& [data, n] : pieces) h.update(data, n);
   } else {
-    // A large file: its checksum is computed from memory while fsync waits for the disk
-    // (bench_checkpoint: hashing during the writes and syncing each file as written gave 0.63-0.66
-    // of a plain write's throughput).
+    // A large file: its checksum is computed from memory while fsync waits for the disk, and the
+    // small files written before it ride in the same journal commit (their write-back started
+    // first). Hashing while writing instead cost more on a busy machine (docs/benchmarks.md).
+    detail::start_writeback_of_unsynced(path.parent_path());
     std::thread hashing([&] {
       for (auto const& [data, n] : pieces) h.update(data, n);
     });
@@ -174,7 +230,7 @@ inline void write_checked(std::filesystem::path const& path, std::vector<std::pa
   }
   ::close(fd);
   std::lock_guard lock(detail::written_mutex());
-  detail::written_files()[path.string()] = {h.hex(), total, total >= sync_at_write_bytes};
+  detail::written_files()[path.string()] = {h.hex(), total, total >= large_file_bytes};
 }
 
 /// write_checked of one piece of memory.
@@ -193,14 +249,15 @@ inline void fsync_path(std::filesystem::path const& p) {
 
 /// Commits `staging` as `final`: lists every regular file under it (relative path, size, XXH3-64
 /// checksum; as write_checked recorded it, else computed from the file) with `metadata` in
-/// manifest.json, fsyncs the files (but those write_checked synced), the manifest and the
-/// directories, renames `staging` to `final` and fsyncs the parent. A crash at any point leaves
-/// either no `final` or a complete one. Throws cohort::error (and leaves no `final`) on any failure.
+/// manifest.json, makes the files (but those write_checked synced), the manifest and the
+/// directories durable, renames `staging` to `final` and fsyncs the parent. A crash at any point leaves either no `final` or a complete
+/// one. Throws cohort::error (and leaves no `final`) on any failure.
 inline void commit(std::filesystem::path const& staging, std::filesystem::path const& final_dir,
                    nlohmann::json const& metadata) {
   namespace fs = std::filesystem;
   nlohmann::json files = nlohmann::json::array();
   std::vector<fs::path> dirs{staging};
+  std::vector<fs::path> to_sync;  // what write_checked did not sync, the manifest, the directories
   for (auto const& e : fs::recursive_directory_iterator(staging)) {
     if (e.is_directory()) dirs.push_back(e.path());
     if (!e.is_regular_file()) continue;
@@ -208,8 +265,12 @@ inline void commit(std::filesystem::path const& staging, std::filesystem::path c
     auto const known = detail::take_written(e.path());
     bool const recorded = known && known->size == size;
     std::string const hash = recorded ? known->xxh3 : file_hash(e.path());  // else not written by write_checked
-    if (!recorded || !known->synced) fsync_path(e.path());  // cheap for a small file a later fsync carried
-    files.push_back({{"name", fs::relative(e.path(), staging).generic_string()}, {"size", size}, {"xxh3", hash}});
+    files.push_back({{"name", e.path().lexically_relative(staging).generic_string()}, {"size", size}, {"xxh3", hash}});
+    if (recorded && known->synced) continue;
+    to_sync.push_back(e.path());
+    // A small file's blocks are allocated now, in the transaction the fsyncs below commit (a large
+    // one's write-back started early would go out as slower background writes).
+    if (size < large_file_bytes) detail::start_writeback(e.path());
   }
   {
     std::ofstream out(staging / "manifest.json", std::ios::trunc);
@@ -217,8 +278,9 @@ inline void commit(std::filesystem::path const& staging, std::filesystem::path c
     out.flush();
     if (!out) throw cohort::error("could not write " + (staging / "manifest.json").string() + ": check free space");
   }
-  fsync_path(staging / "manifest.json");
-  for (auto const& d : dirs) fsync_path(d);
+  to_sync.push_back(staging / "manifest.json");
+  to_sync.insert(to_sync.end(), dirs.begin(), dirs.end());
+  detail::sync_together(to_sync);
   std::error_code ec;
   fs::rename(staging, final_dir, ec);
   if (ec) throw cohort::error("could not commit " + final_dir.string() + ": " + ec.message());

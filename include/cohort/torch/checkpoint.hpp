@@ -335,8 +335,7 @@ checkpoint_payload checkpoint_of(Items const&... items) {
   p.finish_snapshot = [st] { st->finish_snapshot(); };
   p.write = [st](std::filesystem::path const& dir, int rank) {
     if (rank != 0) return;
-    // Small files first: the model's fsync (write_checked) then carries them to disk in the same
-    // journal commit, and commit() finds them already synced.
+    // Small files first: the model's fsync (write_checked) then commits their blocks too.
     auto state = nlohmann::json{{"values", st->values}}.dump(2);
     checkpointing::write_checked(dir / "state.json", state.data(), state.size());
     auto rng = torch::pickle_save(st->cpu_rng);
