@@ -127,8 +127,9 @@ inline std::optional<written_file> take_written(std::filesystem::path const& pat
 }
 
 /// Starts writing `fd`'s dirty pages to the disk without waiting for them (Linux:
-/// sync_file_range). The file system allocates their blocks now, so they join the journal
-/// transaction that the next fsync commits; elsewhere a no-op, and fsync does it all.
+/// sync_file_range). With delayed allocation their blocks are allocated now, so the next fsync in
+/// the same directory carries them (ext4 with a journal: in the same commit); elsewhere a no-op,
+/// and fsync does it all.
 inline void start_writeback(int fd) {
 #if defined(__linux__)
   ::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
@@ -145,9 +146,9 @@ inline void start_writeback(std::filesystem::path const& p) {
   }
 }
 
-/// fsyncs `paths` (files and directories) concurrently, on up to 8 threads: the file system
-/// then commits them in one journal transaction and the disk merges their cache flushes, where
-/// one fsync after another cost a commit or a flush apiece (docs/benchmarks.md). Throws
+/// fsyncs `paths` (files and directories) concurrently, on up to 8 threads: their metadata
+/// writes (one journal commit where there is a journal) and the disk's cache flushes are then
+/// shared, where one fsync after another paid for each (docs/benchmarks.md). Throws
 /// cohort::error naming the first path that failed.
 inline void sync_together(std::vector<std::filesystem::path> const& paths) {
   std::atomic<std::size_t> next{0};
@@ -215,8 +216,8 @@ inline void write_checked(std::filesystem::path const& path, std::vector<std::pa
     for (auto const& [data, n] : pieces) h.update(data, n);
   } else {
     // A large file: its checksum is computed from memory while fsync waits for the disk, and the
-    // small files written before it ride in the same journal commit (their write-back started
-    // first). Hashing while writing instead cost more on a busy machine (docs/benchmarks.md).
+    // small files written before it go to the disk with it (their write-back started first).
+    // Hashing while writing instead cost more on a busy machine (docs/benchmarks.md).
     detail::start_writeback_of_unsynced(path.parent_path());
     std::thread hashing([&] {
       for (auto const& [data, n] : pieces) h.update(data, n);
