@@ -96,6 +96,15 @@ inline std::string file_hash(std::filesystem::path const& p) {
   return h.hex();
 }
 
+/// fsync of a file or a directory; throws cohort::error on failure (e.g. a full disk).
+inline void fsync_path(std::filesystem::path const& p) {
+  int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) throw cohort::error("cannot open " + p.string() + " to sync it");
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw cohort::error("fsync of " + p.string() + " failed: check free space");
+}
+
 namespace detail {
 
 /// What write_checked knows of a file it wrote, for commit(): its checksum, its size and
@@ -156,12 +165,11 @@ inline void sync_together(std::vector<std::filesystem::path> const& paths) {
   std::optional<std::string> failure;
   auto work = [&] {
     for (std::size_t i; (i = next.fetch_add(1)) < paths.size();) {
-      int fd = ::open(paths[i].c_str(), O_RDONLY);
-      int const rc = fd < 0 ? -1 : ::fsync(fd);
-      if (fd >= 0) ::close(fd);
-      if (rc != 0) {
+      try {
+        fsync_path(paths[i]);
+      } catch (cohort::error const& e) {
         std::lock_guard lock(failure_mutex);
-        if (!failure) failure = (fd < 0 ? "cannot open " + paths[i].string() + " to sync it" : "fsync of " + paths[i].string() + " failed: check free space");
+        if (!failure) failure = e.what();
       }
     }
   };
@@ -175,13 +183,13 @@ inline void sync_together(std::vector<std::filesystem::path> const& paths) {
 /// Starts the write-back of the files write_checked wrote into `dir` and has not synced, so that
 /// the next fsync in `dir` commits their blocks too.
 inline void start_writeback_of_unsynced(std::filesystem::path const& dir) {
-  std::vector<std::string> paths;
+  std::vector<std::filesystem::path> paths;
   {
     std::lock_guard lock(written_mutex());
     for (auto const& [path, file] : written_files())
-      if (!file.synced && std::filesystem::path(path).parent_path() == dir) paths.push_back(path);
+      if (std::filesystem::path p(path); !file.synced && p.parent_path() == dir) paths.push_back(std::move(p));
   }
-  for (auto const& p : paths) start_writeback(std::filesystem::path(p));
+  for (auto const& p : paths) start_writeback(p);
 }
 
 }  // namespace detail
@@ -239,20 +247,12 @@ inline void write_checked(std::filesystem::path const& path, void const* data, s
   write_checked(path, std::vector<std::pair<void const*, std::size_t>>{{data, n}});
 }
 
-/// fsync of a file or a directory; throws cohort::error on failure (e.g. a full disk).
-inline void fsync_path(std::filesystem::path const& p) {
-  int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd < 0) throw cohort::error("cannot open " + p.string() + " to sync it");
-  int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw cohort::error("fsync of " + p.string() + " failed: check free space");
-}
-
 /// Commits `staging` as `final`: lists every regular file under it (relative path, size, XXH3-64
 /// checksum; as write_checked recorded it, else computed from the file) with `metadata` in
 /// manifest.json, makes the files (but those write_checked synced), the manifest and the
-/// directories durable, renames `staging` to `final` and fsyncs the parent. A crash at any point leaves either no `final` or a complete
-/// one. Throws cohort::error (and leaves no `final`) on any failure.
+/// directories durable, renames `staging` to `final` and fsyncs the parent. A crash at any point
+/// leaves either no `final` or a complete one. Throws cohort::error (and leaves no `final`) on any
+/// failure.
 inline void commit(std::filesystem::path const& staging, std::filesystem::path const& final_dir,
                    nlohmann::json const& metadata) {
   namespace fs = std::filesystem;
