@@ -2,7 +2,9 @@
 #include <cohort/comm/collectives.hpp>
 #include <cohort/comm/mpi.hpp>
 
+#include <bit>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -63,7 +65,7 @@ TEST_CASE("mpi allreduce avg averages in place, identically on every rank, below
   req.wait();
   CHECK(d[0] == Approx((n - 1) / 2.0));
   std::int32_t i = r;
-  CHECK_THROWS_WITH(c.allreduce(&i, 1, reduce_op::avg), contains_text("needs float or double"));
+  CHECK_THROWS_WITH(c.allreduce(&i, 1, reduce_op::avg), contains_text("needs float, double"));
 }
 
 TEST_CASE("mpi broadcast and allgather move bytes in rank order", "[comm][mpi]") {
@@ -110,31 +112,82 @@ TEST_CASE("any erases the communicator type and still reduces in place", "[comm]
   CHECK(f[2] == 3.0f * float(world.size()));
   auto sub = owned.split(world.rank() % 2, world.rank());
   CHECK(sub.size() == (world.size() - world.rank() % 2 + 1) / 2);
+  // target: the communicator inside, by type (referred to or owned), null for another type
+  CHECK(ref.target<cohort::comm::mpi>() == &world);
+  REQUIRE(owned.target<cohort::comm::mpi>() != nullptr);
+  CHECK(owned.target<cohort::comm::mpi>()->size() == world.size());
+  CHECK(ref.target<cohort::comm::any>() == nullptr);
 }
 
-TEST_CASE("bfloat16 rounds to nearest even and mpi reduces it in float32, identically on every rank", "[comm][mpi]") {
+TEST_CASE("bfloat16 rounds to nearest even", "[comm]") {
   using cohort::comm::bfloat16;
   CHECK(bfloat16::from_float(1.0f).to_float() == 1.0f);
   CHECK(bfloat16::from_float(1.0f + 1.0f / 256).to_float() == 1.0f);                  // a tie: to even (down)
   CHECK(bfloat16::from_float(1.0f + 3.0f / 256).to_float() == 1.0f + 1.0f / 64);      // a tie: to even (up)
   CHECK(bfloat16::from_float(1.0f + 1.0f / 128 + 1.0f / 1024).to_float() == 1.0f + 1.0f / 128);
   CHECK(std::isnan(bfloat16::from_float(std::nanf("")).to_float()));
+}
+
+TEST_CASE("float16 converts as IEEE binary16: nearest even, subnormals, overflow to infinity", "[comm]") {
+  using cohort::comm::float16;
+  CHECK(float16::from_float(1.0f).bits == 0x3c00);
+  CHECK(float16::from_float(-2.0f).bits == 0xc000);
+  CHECK(float16::from_float(65504.0f).bits == 0x7bff);   // the largest
+  CHECK(float16::from_float(65519.0f).bits == 0x7bff);   // below the midpoint to 65536: down
+  CHECK(float16::from_float(65520.0f).bits == 0x7c00);   // the midpoint, odd below: infinity
+  CHECK(float16::from_float(1e9f).bits == 0x7c00);
+  CHECK(float16::from_float(-std::numeric_limits<float>::infinity()).bits == 0xfc00);
+  CHECK(float16::from_float(1.0f + 1.0f / 2048).bits == 0x3c00);      // a tie: to even (down)
+  CHECK(float16::from_float(1.0f + 3.0f / 2048).bits == 0x3c02);      // a tie: to even (up)
+  CHECK(float16::from_float(0x1p-24f).bits == 0x0001);                // the smallest subnormal
+  CHECK(float16::from_float(0x1p-25f).bits == 0x0000);                // a tie: to even (zero)
+  CHECK(float16::from_float(0x3p-25f).bits == 0x0002);                // a tie: to even (up)
+  CHECK(float16::from_float(0x1p-14f - 0x1p-26f).bits == 0x0400);     // rounds up into the normals
+  CHECK(float16::from_float(-0.0f).bits == 0x8000);
+  CHECK(std::isnan(float16::from_float(std::nanf("")).to_float()));
+  // Every float16 widens exactly and converts back to itself.
+  for (std::uint32_t b = 0; b < 0x10000; ++b) {
+    float16 h{static_cast<std::uint16_t>(b)};
+    float const f = h.to_float();
+    if (std::isnan(f)) continue;
+    if (float16::from_float(f) != h) FAIL("float16 bits " << b << " do not round-trip");
+  }
+  CHECK(float16{0x0001}.to_float() == 0x1p-24f);
+  CHECK(float16{0x7bff}.to_float() == 65504.0f);
+  CHECK(std::isinf(float16{0x7c00}.to_float()));
+#if defined(__FLT16_MAX__)
+  // Against the compiler's own _Float16 (IEEE rounding) on a sweep of float bit patterns.
+  for (std::uint64_t b = 0; b < 0x100000000u; b += 4093) {
+    float const f = std::bit_cast<float>(static_cast<std::uint32_t>(b));
+    if (std::isnan(f)) continue;
+    auto const expect = std::bit_cast<std::uint16_t>(static_cast<_Float16>(f));
+    if (float16::from_float(f).bits != expect) FAIL("float16::from_float(" << f << ") differs from _Float16");
+  }
+#endif
+}
+
+TEMPLATE_TEST_CASE("mpi reduces bfloat16 and float16 in float32, identically on every rank", "[comm][mpi]",
+                   cohort::comm::bfloat16, cohort::comm::float16) {
+  using half = TestType;
   auto c = cohort::comm::mpi::world();
   int const n = c.size(), r = c.rank();
-  std::vector<bfloat16> v{bfloat16::from_float(float(r)), bfloat16::from_float(0.5f), bfloat16::from_float(-float(r))};
-  c.allreduce(v.data(), v.size(), reduce_op::sum);  // small integers: exact in bfloat16
+  std::vector<half> v{half::from_float(float(r)), half::from_float(0.5f), half::from_float(-float(r))};
+  c.allreduce(v.data(), v.size(), reduce_op::sum);  // small integers: exact in both
   CHECK(v[0].to_float() == float(n * (n - 1) / 2));
   CHECK(v[1].to_float() == 0.5f * float(n));
-  std::vector<bfloat16> m{bfloat16::from_float(float(r)), bfloat16::from_float(-float(r))};
+  std::vector<half> m{half::from_float(float(r)), half::from_float(-float(r))};
   c.allreduce(m.data(), m.size(), reduce_op::max);
   CHECK(m[0].to_float() == float(n - 1));
   CHECK(m[1].to_float() == 0.0f);
-  std::vector<bfloat16> a{bfloat16::from_float(2.0f * float(r))};
+  std::vector<half> a{half::from_float(2.0f * float(r))};
   c.allreduce(a.data(), a.size(), reduce_op::avg);
   CHECK(a[0].to_float() == float(n - 1));
+  auto req = c.iallreduce(a.data(), a.size(), reduce_op::avg);
+  req.wait();
+  CHECK(a[0].to_float() == float(n - 1));
   // Every rank ends with the same bits, also for values that round.
-  std::vector<bfloat16> x;
-  for (int i = 0; i < 1000; ++i) x.push_back(bfloat16::from_float(std::sin(float(i + 7 * r))));
+  std::vector<half> x;
+  for (int i = 0; i < 1000; ++i) x.push_back(half::from_float(std::sin(float(i + 7 * r))));
   c.allreduce(x.data(), x.size(), reduce_op::sum);
   std::vector<std::uint64_t> bits(x.size()), lo(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) bits[i] = lo[i] = x[i].bits;

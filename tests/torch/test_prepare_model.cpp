@@ -187,13 +187,16 @@ TEST_CASE("a model layout that differs on one rank is an error on every rank, no
   CHECK_THAT(*r.error, contains_text("'l1.weight' [9, 4]"));
 }
 
-TEST_CASE("bfloat16 gradient compression averages gradients to bfloat16 precision, identically on every rank", "[torch][mpi]") {
-  auto r = cohort::trainer{[](cohort::context& ctx) {
+TEST_CASE("bfloat16 and float16 gradient compression average gradients to that precision, identically on every rank", "[torch][mpi]") {
+  auto const compression = GENERATE(cohort::gradient_compression::bfloat16, cohort::gradient_compression::float16);
+  // Significant bits kept: a relative error of 2^-bits per rounding, a few roundings.
+  double const bits = compression == cohort::gradient_compression::bfloat16 ? 8 : 11;
+  auto r = cohort::trainer{[compression, bits](cohort::context& ctx) {
              torch::manual_seed(3);
              mlp net(16);
              mlp plain(16);  // the same parameters (broadcast below), no reducer: the full-precision reference
              auto model = ctx.prepare_model(net, {.bucket_cap_bytes = 256, .first_bucket_cap_bytes = 64,
-                                                  .compression = cohort::gradient_compression::bfloat16});
+                                                  .compression = compression});
              {
                torch::NoGradGuard no_grad;
                for (std::size_t i = 0; i < plain->parameters().size(); ++i) plain->parameters()[i].copy_(model->parameters()[i]);
@@ -207,8 +210,7 @@ TEST_CASE("bfloat16 gradient compression averages gradients to bfloat16 precisio
                auto g = model->parameters()[i].grad().contiguous();
                auto ref = plain->parameters()[i].grad().contiguous().clone();
                ctx.comm().allreduce(ref.data_ptr<float>(), static_cast<std::size_t>(ref.numel()), cohort::comm::reduce_op::avg);
-               // bfloat16 keeps 8 significant bits: a relative error of 2^-8 per rounding, a few roundings.
-               auto tol = 4.0 / 256 * ref.abs().max().item<double>() + 1e-12;
+               auto tol = 4.0 * std::exp2(-bits) * ref.abs().max().item<double>() + 1e-12;
                within = within && ((g - ref).abs() <= tol).all().item<bool>();
                rounded = rounded || !torch::equal(g, ref);
                auto hi = g.clone(), lo = g.clone();
@@ -217,7 +219,7 @@ TEST_CASE("bfloat16 gradient compression averages gradients to bfloat16 precisio
                same_everywhere = same_everywhere && torch::equal(hi, lo);
              }
              return nlohmann::json{{"within", within}, {"rounded", rounded}, {"same", same_everywhere}};
-           }}.fit(nlohmann::json::object(), quiet("compression"));
+           }}.fit(nlohmann::json::object(), quiet(bits == 8 ? "compression_bf16" : "compression_fp16"));
   REQUIRE(r.ok());
   for (auto const& v : r.return_values) {
     CHECK(v["within"] == true);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <new>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 
 #include "cohort/comm/communicator.hpp"
@@ -103,6 +104,13 @@ class any {
   void barrier() { impl_->barrier(); }
   any split(int color, int key) const { return impl_->split(color, key); }
 
+  /// The communicator inside, when it is a `C` (owned or referred to), else null: for code that
+  /// needs what only one backend has (prepare_model bootstraps NCCL from an MPI communicator).
+  template <communicator C>
+  C* target() {
+    return static_cast<C*>(impl_->target(typeid(C)));
+  }
+
  private:
   any() = default;
 
@@ -116,6 +124,7 @@ class any {
     COHORT_ANY_REDUCE(float)
     COHORT_ANY_REDUCE(double)
     COHORT_ANY_REDUCE(bfloat16)
+    COHORT_ANY_REDUCE(float16)
     COHORT_ANY_REDUCE(std::int32_t)
     COHORT_ANY_REDUCE(std::int64_t)
     COHORT_ANY_REDUCE(std::uint8_t)
@@ -124,6 +133,7 @@ class any {
     virtual void allgather(std::byte const* s, std::size_t b, std::byte* r) = 0;
     virtual void barrier() = 0;
     virtual any split(int color, int key) const = 0;
+    virtual void* target(std::type_info const& type) = 0;
   };
 #undef COHORT_ANY_REDUCE
 
@@ -146,6 +156,7 @@ class any {
     COHORT_ANY_REDUCE(float)
     COHORT_ANY_REDUCE(double)
     COHORT_ANY_REDUCE(bfloat16)
+    COHORT_ANY_REDUCE(float16)
     COHORT_ANY_REDUCE(std::int32_t)
     COHORT_ANY_REDUCE(std::int64_t)
     COHORT_ANY_REDUCE(std::uint8_t)
@@ -154,6 +165,7 @@ class any {
     void allgather(std::byte const* s, std::size_t b, std::byte* r) override { get().allgather(s, b, r); }
     void barrier() override { get().barrier(); }
     any split(int color, int key) const override { return any(get().split(color, key)); }
+    void* target(std::type_info const& type) override { return type == typeid(C) ? &get() : nullptr; }
     Holder held;
   };
 #undef COHORT_ANY_REDUCE

@@ -13,7 +13,7 @@ namespace cohort::comm {
 
 /// Element-wise reduction applied by allreduce. `avg` is the sum divided by the communicator's
 /// size in one operation (NCCL's ncclAvg; comm::mpi fuses the division into its reduction), for
-/// float, double and bfloat16 only: a communicator throws cohort::error for it on integer buffers.
+/// float, double, bfloat16 and float16 only: a communicator throws cohort::error for it on integer buffers.
 enum class reduce_op { sum, max, min, avg };
 
 /// A bfloat16 number stored as its 16 bits (the upper half of a float32): the element type of
@@ -34,9 +34,44 @@ struct bfloat16 {
   friend bool operator==(bfloat16, bfloat16) = default;
 };
 
+/// An IEEE 754 binary16 number (float16) stored as its 16 bits: the element type of gradient
+/// buckets compressed to float16 for the all-reduce. Communicators reduce it in float32 and round
+/// each result to float16, as NCCL does.
+struct float16 {
+  std::uint16_t bits = 0;
+
+  /// `f` rounded to the nearest float16 (ties to even; subnormals kept; beyond the largest
+  /// float16, 65504, rounded to infinity); a NaN stays a NaN.
+  static float16 from_float(float f) {
+    auto u = std::bit_cast<std::uint32_t>(f);
+    auto const sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+    u &= 0x7fffffffu;
+    if (u >= 0x47800000u)  // 65536 and beyond, infinities, NaNs
+      return {static_cast<std::uint16_t>(sign | (u > 0x7f800000u ? 0x7e00u : 0x7c00u))};
+    if (u < 0x38800000u) {  // below 2^-14: a float16 subnormal or zero; float addition rounds it
+      float const magic = std::bit_cast<float>(0x3f000000u);  // 0.5: aligns 2^-24 to the last bit
+      auto const r = std::bit_cast<std::uint32_t>(std::bit_cast<float>(u) + magic) - 0x3f000000u;
+      return {static_cast<std::uint16_t>(sign | r)};
+    }
+    u += 0xc8000fffu + ((u >> 13) & 1u);  // exponent rebiased (127 -> 15), rounded to even
+    return {static_cast<std::uint16_t>(sign | (u >> 13))};
+  }
+  /// The exact float32 value.
+  float to_float() const {
+    std::uint32_t const sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+    std::uint32_t const exponent = (bits >> 10) & 0x1fu, mantissa = bits & 0x3ffu;
+    if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+    if (exponent == 0)  // zero or subnormal: mantissa * 2^-24, exact in float32
+      return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(static_cast<float>(mantissa) * 0x1p-24f));
+    return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+  }
+  friend bool operator==(float16, float16) = default;
+};
+
 /// Element types every communicator reduces.
 template <class T>
 concept reducible = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, bfloat16> ||
+                    std::same_as<T, float16> ||
                     std::same_as<T, std::int32_t> || std::same_as<T, std::int64_t> ||
                     std::same_as<T, std::uint8_t> || std::same_as<T, std::uint64_t>;
 
@@ -57,13 +92,14 @@ concept request = std::movable<R> && requires(R& r) {
 template <class C>
 concept communicator =
     std::movable<C> &&
-    requires(C& c, C const& cc, float* f, double* d, bfloat16* h, std::int32_t* i32, std::int64_t* i,
+    requires(C& c, C const& cc, float* f, double* d, bfloat16* h, float16* h16, std::int32_t* i32, std::int64_t* i,
              std::uint8_t* u8, std::uint64_t* u64, std::byte* b, std::byte const* cb, std::size_t n, int r) {
       { cc.rank() } -> std::same_as<int>;
       { cc.size() } -> std::same_as<int>;
       c.allreduce(f, n, reduce_op::sum);
       c.allreduce(d, n, reduce_op::sum);
       c.allreduce(h, n, reduce_op::sum);
+      c.allreduce(h16, n, reduce_op::sum);
       c.allreduce(i32, n, reduce_op::sum);
       c.allreduce(i, n, reduce_op::max);
       c.allreduce(u8, n, reduce_op::min);

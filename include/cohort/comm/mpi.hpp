@@ -29,11 +29,16 @@ inline void check_mpi(int code, char const* what) {
   throw cohort::error(std::string("MPI call ") + what + " failed: " + std::string(text, len));
 }
 
+/// The 16-bit floating types MPI has no type for (bfloat16, float16): sent as MPI_UINT16_T,
+/// reduced by the user operations of mpi_op_for in float32.
+template <class T>
+concept half_float = std::same_as<T, bfloat16> || std::same_as<T, float16>;
+
 template <class T>
 MPI_Datatype mpi_type() {
   if constexpr (std::same_as<T, float>) return MPI_FLOAT;
   else if constexpr (std::same_as<T, double>) return MPI_DOUBLE;
-  else if constexpr (std::same_as<T, bfloat16>) return MPI_UINT16_T;  // reduced by the user operations of mpi_op_for
+  else if constexpr (half_float<T>) return MPI_UINT16_T;  // reduced by the user operations of mpi_op_for
   else if constexpr (std::same_as<T, std::int32_t>) return MPI_INT32_T;
   else if constexpr (std::same_as<T, std::int64_t>) return MPI_INT64_T;
   else if constexpr (std::same_as<T, std::uint8_t>) return MPI_UINT8_T;
@@ -48,40 +53,41 @@ inline MPI_Op mpi_op(reduce_op op) {
   }
 }
 
-/// An MPI user operation on bfloat16 (MPI has no such type): each pair added (or compared) in
-/// float32 and rounded back, as NCCL reduces bfloat16.
-template <reduce_op Op>
-void bfloat16_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
-  auto const* a = static_cast<bfloat16 const*>(in);
-  auto* b = static_cast<bfloat16*>(inout);
+/// An MPI user operation on a half_float type: each pair added (or compared) in float32 and
+/// rounded back, as NCCL reduces bfloat16 and float16.
+template <half_float T, reduce_op Op>
+void half_float_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto const* a = static_cast<T const*>(in);
+  auto* b = static_cast<T*>(inout);
   for (int i = 0; i < *len; ++i) {
     float const x = a[i].to_float(), y = b[i].to_float();
     float const r = Op == reduce_op::max ? std::max(x, y) : Op == reduce_op::min ? std::min(x, y) : x + y;
-    b[i] = bfloat16::from_float(r);
+    b[i] = T::from_float(r);
   }
 }
 
-/// The MPI operation for `op` on elements of type T (created once for bfloat16).
+/// The MPI operation for `op` on elements of type T (created once per half_float type).
 template <class T>
 MPI_Op mpi_op_for(reduce_op op) {
-  if constexpr (std::same_as<T, bfloat16>) {
+  if constexpr (half_float<T>) {
     auto make = [](MPI_User_function* f) {
       MPI_Op o = MPI_OP_NULL;
       check_mpi(MPI_Op_create(f, 1, &o), "MPI_Op_create");
       return o;
     };
-    static MPI_Op const sum = make(&bfloat16_reduce<reduce_op::sum>);
-    static MPI_Op const max = make(&bfloat16_reduce<reduce_op::max>);
-    static MPI_Op const min = make(&bfloat16_reduce<reduce_op::min>);
+    static MPI_Op const sum = make(&half_float_reduce<T, reduce_op::sum>);
+    static MPI_Op const max = make(&half_float_reduce<T, reduce_op::max>);
+    static MPI_Op const min = make(&half_float_reduce<T, reduce_op::min>);
     return op == reduce_op::max ? max : op == reduce_op::min ? min : sum;
   } else {
     return mpi_op(op);
   }
 }
 
-/// `data[i] *= factor`, rounded back to bfloat16.
-inline void scale(bfloat16* data, std::size_t n, float factor) {
-  for (std::size_t i = 0; i < n; ++i) data[i] = bfloat16::from_float(data[i].to_float() * factor);
+/// `data[i] *= factor`, rounded back to T.
+template <half_float T>
+void scale(T* data, std::size_t n, float factor) {
+  for (std::size_t i = 0; i < n; ++i) data[i] = T::from_float(data[i].to_float() * factor);
 }
 
 /// MPI counts are `int`; larger buffers go in chunks of this many elements.
@@ -158,12 +164,12 @@ inline constexpr std::size_t ring_min_bytes_per_rank = 32 << 10;
 
 /// Element types reduce_op::avg applies to, and the type of their scaling factor.
 template <class T>
-concept averageable = std::floating_point<T> || std::same_as<T, bfloat16>;
+concept averageable = std::floating_point<T> || half_float<T>;
 template <class T>
-using scale_type = std::conditional_t<std::same_as<T, bfloat16>, float, T>;
+using scale_type = std::conditional_t<half_float<T>, float, T>;
 
 [[noreturn]] inline void avg_needs_floating() {
-  throw cohort::error("reduce_op::avg needs float or double (or bfloat16) buffers: use reduce_op::sum and divide");
+  throw cohort::error("reduce_op::avg needs float, double, bfloat16 or float16 buffers: use reduce_op::sum and divide");
 }
 
 }  // namespace detail

@@ -14,6 +14,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -55,6 +56,7 @@ ncclDataType_t nccl_type() {
   if constexpr (std::same_as<T, float>) return ncclFloat32;
   else if constexpr (std::same_as<T, double>) return ncclFloat64;
   else if constexpr (std::same_as<T, bfloat16>) return ncclBfloat16;
+  else if constexpr (std::same_as<T, float16>) return ncclFloat16;
   else if constexpr (std::same_as<T, std::int32_t>) return ncclInt32;
   else if constexpr (std::same_as<T, std::int64_t>) return ncclInt64;
   else if constexpr (std::same_as<T, std::uint8_t>) return ncclUint8;
@@ -70,32 +72,35 @@ inline ncclRedOp_t nccl_op(reduce_op op) {
   }
 }
 
-/// The NCCL communicator and its CUDA stream, shared by a comm::nccl and its requests.
+/// The NCCL communicator and its CUDA stream, shared by a comm::nccl and its requests. `comm`
+/// is atomic: a watchdog thread may abort it while another thread enqueues (which then throws).
 struct nccl_state {
-  ncclComm_t comm = nullptr;
+  std::atomic<ncclComm_t> comm{nullptr};
   cudaStream_t stream = nullptr;
   int rank = 0;
   int size = 1;
   int device = 0;
   nccl_options options{};
-  bool aborted = false;
 
   ~nccl_state() {
-    if (!comm) return;
-    if (aborted) ncclCommAbort(comm);
-    else ncclCommDestroy(comm);
+    if (ncclComm_t c = comm.load()) ncclCommDestroy(c);  // an aborted one is null
   }
 
   /// Waits for `event` (recorded after a collective) polling the communicator's asynchronous
-  /// error; aborts and throws on an error or after options.timeout_ms.
-  void wait_for(cudaEvent_t event, char const* what) {
+  /// error; aborts and throws on an error or after options.timeout_ms. Polls in a busy loop
+  /// first, then every `poll` (a zero `poll`: every 50 us after 1000 busy polls).
+  void wait_for(cudaEvent_t event, char const* what, std::chrono::microseconds poll = {}) {
     auto const deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.timeout_ms);
     for (int spins = 0;; ++spins) {
       cudaError_t q = cudaEventQuery(event);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) check_cuda(q, "cudaEventQuery");
+      ncclComm_t c = comm.load();
+      if (!c)
+        throw cohort::error(std::string("NCCL ") + what +
+                            " cannot complete: the communicator was aborted after an earlier error or timeout");
       ncclResult_t async = ncclSuccess;
-      check_nccl(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError");
+      check_nccl(ncclCommGetAsyncError(c, &async), "ncclCommGetAsyncError");
       if (async != ncclSuccess && async != ncclInProgress) {
         abort();
         check_nccl(async, what);
@@ -105,16 +110,17 @@ struct nccl_state {
         throw cohort::error(std::string("NCCL ") + what + " did not complete within " + std::to_string(options.timeout_ms) +
                             " ms on rank " + std::to_string(rank) +
                             " (a peer rank died, or the ranks entered different collectives): the communicator "
-                            "was aborted; check every rank's log, or raise nccl_options.timeout_ms for slow steps");
+                            "was aborted; check every rank's log, or raise the timeout (timeout_ms) for slow steps");
       }
-      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (poll.count() > 0) std::this_thread::sleep_for(poll);
+      else if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
+  /// Aborts the communicator (once, whichever thread gets here first): its kernels in flight
+  /// return, and later calls throw.
   void abort() {
-    if (comm && !aborted) ncclCommAbort(comm);
-    aborted = true;
-    comm = nullptr;
+    if (ncclComm_t c = comm.exchange(nullptr)) ncclCommAbort(c);
   }
 };
 
@@ -142,12 +148,16 @@ class nccl_request {
   nccl_request& operator=(nccl_request const&) = delete;
   ~nccl_request() { release(); }
 
-  /// Blocks until the collective completed on the device (or throws, see nccl_options::timeout_ms).
-  void wait() {
-    if (event_) state_->wait_for(event_, what_);
+  /// Blocks until the collective completed on the device (or throws, see nccl_options::timeout_ms);
+  /// a non-zero `poll` checks every `poll` without busy polling (a watchdog thread's way).
+  void wait(std::chrono::microseconds poll = {}) {
+    if (event_) state_->wait_for(event_, what_, poll);
   }
   /// True once the collective has completed on the device.
   bool test() { return !event_ || cudaEventQuery(event_) == cudaSuccess; }
+  /// The CUDA event recorded after the collective (null for a default-constructed request):
+  /// another stream may wait on it (cudaStreamWaitEvent) while the request lives.
+  cudaEvent_t event() const { return event_; }
 
  private:
   void release() noexcept {
@@ -179,7 +189,9 @@ class nccl {
     ncclUniqueId id{};
     if (state_->rank == 0) detail::check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
     detail::check_mpi(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_->native()), "MPI_Bcast");
-    detail::check_nccl(ncclCommInitRank(&state_->comm, state_->size, id, state_->rank), "ncclCommInitRank");
+    ncclComm_t made = nullptr;
+    detail::check_nccl(ncclCommInitRank(&made, state_->size, id, state_->rank), "ncclCommInitRank");
+    state_->comm = made;
   }
 
   int rank() const { return state_->rank; }
@@ -191,7 +203,7 @@ class nccl {
   /// Enqueue later collectives on `s` (the LibTorch glue passes the current CUDA stream).
   void set_stream(cudaStream_t s) { state_->stream = s; }
   /// The NCCL handle, for code that calls NCCL directly.
-  ncclComm_t native() const { return state_->comm; }
+  ncclComm_t native() const { return state_->comm.load(); }
 
   /// In-place element-wise reduction of a device buffer, enqueued on stream(); ordered with the
   /// stream's other work, no host synchronisation. Cost: one ncclAllReduce.
@@ -231,6 +243,18 @@ class nccl {
     record("barrier").wait();
   }
 
+  /// A request for everything enqueued on stream() so far (an event recorded there): what a
+  /// caller waits on, or makes another stream wait on, after several collectives.
+  nccl_request record(char const* what) {
+    cudaEvent_t event = nullptr;
+    detail::check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    if (auto rc = cudaEventRecord(event, state_->stream); rc != cudaSuccess) {
+      cudaEventDestroy(event);
+      detail::check_cuda(rc, "cudaEventRecord");
+    }
+    return nccl_request(state_, event, what);
+  }
+
   /// The NCCL communicator of the ranks with the same `color`, ordered by `key` (collective over
   /// this communicator's MPI twin), on the same device, with the same options.
   nccl split(int color, int key) const {
@@ -259,17 +283,11 @@ class nccl {
   };
 
   ncclComm_t live() const {
-    if (!state_->comm)
+    ncclComm_t c = state_->comm.load();
+    if (!c)
       throw cohort::error("this NCCL communicator was aborted after an earlier error or timeout: "
                           "stop the run (every rank saw the error) and restart it from its checkpoint");
-    return state_->comm;
-  }
-
-  nccl_request record(char const* what) {
-    cudaEvent_t event = nullptr;
-    detail::check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    detail::check_cuda(cudaEventRecord(event, state_->stream), "cudaEventRecord");
-    return nccl_request(state_, event, what);
+    return c;
   }
 
   std::shared_ptr<detail::nccl_state> state_;

@@ -17,6 +17,7 @@ enum class reduce_on {
 enum class gradient_compression {
   none,      ///< as they are (float32 or float64)
   bfloat16,  ///< float32 buckets rounded to bfloat16 (half the bytes), averaged, widened back (DDP's bf16_compress_hook)
+  float16,   ///< float32 buckets rounded to float16 (half the bytes), averaged, widened back (DDP's fp16_compress_hook)
 };
 
 /// Knobs of `ctx.prepare_model(model, {...})`.
@@ -32,9 +33,14 @@ struct model_options {
   cohort::reduce_on reduce_on = cohort::reduce_on::automatic;
   /// Compression of float32 gradient buckets for the all-reduce (float64 buckets are sent as
   /// they are). Unlike the knobs above, it changes the result: each rank's gradient divided by
-  /// the size is rounded to bfloat16 (8 significant bits), summed in float32 with a rounding to
-  /// bfloat16 per addition, and widened back.
+  /// the size is rounded to bfloat16 (8 significant bits) or float16 (11 significant bits, but
+  /// magnitudes only from 6e-8 to 65504: smaller ones flush towards zero, larger ones become
+  /// infinite), summed in float32 with a rounding per addition, and widened back.
   cohort::gradient_compression compression = cohort::gradient_compression::none;
+  /// GPU only: how long one backward's gradient all-reduces may run on the device before the
+  /// NCCL communicator is aborted and training stops with an error on every rank (a peer that
+  /// died or diverged would otherwise hang the job). 10 minutes, PyTorch's NCCL default.
+  int timeout_ms = 600'000;
 };
 
 /// Pure: whether buckets are reduced on a communication thread, given the knob, the node's cores

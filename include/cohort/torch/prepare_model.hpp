@@ -24,6 +24,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -34,6 +35,13 @@
 #include "cohort/scaling/cpu.hpp"
 #include "cohort/torch/bucket_plan.hpp"
 #include "cohort/torch/device.hpp"
+
+#if COHORT_WITH_NCCL
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/version.h>
+
+#include "cohort/comm/nccl.hpp"
+#endif
 
 namespace cohort {
 
@@ -126,6 +134,165 @@ class step_gate {
   std::atomic<bool> opened_{false};
 };
 
+/// One bucket's all-reduce on a GPU: its buffer and the operation (avg; sum for a compressed
+/// bucket, divided on the way in).
+struct device_reduction {
+  torch::Tensor buffer;
+  comm::reduce_op op = comm::reduce_op::avg;
+};
+
+/// A reducer's buckets on a GPU (the NCCL gradient path): each all-reduce is enqueued on a side
+/// stream behind the backward work that filled its bucket, and the end of backward makes the
+/// current stream wait for them. No host synchronisation in the step.
+class device_buckets {
+ public:
+  virtual ~device_buckets() = default;
+  /// Enqueues the all-reduces of `batch` (in bucket order; several at once as one group) after
+  /// the work enqueued so far on the current stream. Throws an error an earlier pass ran into.
+  virtual void launch(std::span<device_reduction const> batch) = 0;
+  /// The end of backward: the current stream waits for every all-reduce launched (an optimizer
+  /// step enqueued next sees averaged gradients). Throws an error an earlier pass ran into.
+  virtual void finish() = 0;
+  /// Ranks taking part.
+  virtual int size() const = 0;
+};
+
+#if COHORT_WITH_NCCL
+/// LibTorch's current CUDA stream on `device`, through c10's device-generic interface (no link to
+/// c10_cuda, so a CPU-only LibTorch still links). LibTorch before 2.3 has no
+/// Stream::native_handle: there, the legacy default stream (LibTorch's default current stream).
+inline cudaStream_t current_cuda_stream(int device) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  auto const s = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+                     ->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+  return static_cast<cudaStream_t>(s.native_handle());
+#else
+  (void)device;
+  return nullptr;
+#endif
+}
+
+/// device_buckets over NCCL: a communicator of its own (bootstrapped from the trainer's MPI
+/// communicator), a non-blocking side stream ordered after the current stream by an event, and a
+/// watchdog thread that waits (polling every 0.5 ms, no busy loop) for each pass's all-reduces,
+/// polls ncclCommGetAsyncError, and after `timeout_ms` aborts the communicator (its kernels
+/// return, so nothing waits forever) and leaves the error for the next launch() or finish().
+class nccl_buckets final : public device_buckets {
+ public:
+  nccl_buckets(comm::mpi const& bootstrap, int device, int timeout_ms)
+      : comm_(bootstrap, device, {.timeout_ms = timeout_ms}), device_(device) {
+    comm::detail::check_cuda(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    comm::detail::check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    comm_.set_stream(side_);
+    watchdog_ = std::thread([this] { watch(); });
+  }
+  nccl_buckets(nccl_buckets const&) = delete;
+  nccl_buckets& operator=(nccl_buckets const&) = delete;
+  ~nccl_buckets() override {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    watchdog_.join();        // every pass waited for (or the communicator aborted): bounded
+    cudaStreamSynchronize(side_);  // nothing still reads the buckets, which are freed next
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(side_);
+  }
+
+  void launch(std::span<device_reduction const> batch) override {
+    throw_if_failed();
+    // One event marks the current stream's position; the side stream waits for it. Recording it
+    // again later does not change a wait already enqueued.
+    comm::detail::check_cuda(cudaEventRecord(ready_, current_cuda_stream(device_)), "cudaEventRecord");
+    comm::detail::check_cuda(cudaStreamWaitEvent(side_, ready_, 0), "cudaStreamWaitEvent");
+    if (batch.size() == 1) return enqueue(batch.front());
+    comm::nccl::group together;
+    for (auto const& r : batch) enqueue(r);
+  }
+
+  void finish() override {
+    throw_if_failed();
+    auto pass = comm_.record("gradient all-reduce");
+    comm::detail::check_cuda(cudaStreamWaitEvent(current_cuda_stream(device_), pass.event(), 0), "cudaStreamWaitEvent");
+    {
+      std::lock_guard lock(mutex_);
+      pending_.push_back(std::move(pass));
+    }
+    wake_.notify_all();
+  }
+
+  int size() const override { return comm_.size(); }
+
+ private:
+  void enqueue(device_reduction const& r) {
+    auto const n = static_cast<std::size_t>(r.buffer.numel());
+    switch (r.buffer.scalar_type()) {
+      case torch::kFloat: return comm_.allreduce(r.buffer.data_ptr<float>(), n, r.op);
+      case torch::kDouble: return comm_.allreduce(r.buffer.data_ptr<double>(), n, r.op);
+      case torch::kBFloat16: return comm_.allreduce(static_cast<comm::bfloat16*>(r.buffer.data_ptr()), n, r.op);
+      case torch::kHalf: return comm_.allreduce(static_cast<comm::float16*>(r.buffer.data_ptr()), n, r.op);
+      default:
+        throw cohort::error(std::string("prepare_model: NCCL cannot average gradients of dtype ") +
+                            std::string(c10::toString(r.buffer.scalar_type())) +
+                            ": use float32, float64, bfloat16 or float16 parameters");
+    }
+  }
+
+  void throw_if_failed() {
+    std::lock_guard lock(mutex_);
+    if (!error_.empty()) throw cohort::error("gradient all-reduce failed: " + error_);
+  }
+
+  void watch() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+      if (pending_.empty()) return;  // stop_, everything waited for
+      auto pass = std::move(pending_.front());
+      pending_.pop_front();
+      lock.unlock();
+      std::string err;
+      try {
+        pass.wait(std::chrono::microseconds(500));
+      } catch (std::exception const& e) {
+        err = e.what();
+      }
+      lock.lock();
+      if (!err.empty() && error_.empty()) error_ = err;
+    }
+  }
+
+  comm::nccl comm_;
+  int device_ = 0;
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<comm::nccl_request> pending_;  ///< passes the watchdog has still to see complete
+  std::string error_;
+  bool stop_ = false;
+  std::thread watchdog_;
+};
+#endif
+
+/// The device path of `prepare_model` for a CUDA module on `c.size()` ranks: NCCL over the ranks
+/// of `c` (an MPI communicator), or a cohort::error saying what is missing.
+inline std::unique_ptr<device_buckets> make_device_buckets([[maybe_unused]] comm::any& c, [[maybe_unused]] int device,
+                                                           [[maybe_unused]] int timeout_ms) {
+#if COHORT_WITH_NCCL
+  auto* mpi = c.target<comm::mpi>();
+  if (!mpi)
+    throw cohort::error("prepare_model: averaging CUDA gradients over NCCL needs the trainer's communicator to be "
+                        "comm::mpi (NCCL is bootstrapped from it): run the trainer on MPI");
+  return std::make_unique<nccl_buckets>(*mpi, device, timeout_ms);
+#else
+  throw cohort::error("prepare_model: averaging gradients of CUDA tensors across " + std::to_string(c.size()) +
+                      " ranks needs the NCCL backend, which this program was built without: link the cohort::nccl "
+                      "CMake target (the CUDA toolkit and NCCL must be found), or use scaling::cpu");
+#endif
+}
+
 /// Averages gradients over a communicator during backward, as PyTorch DDP's reducer does with
 /// gradient_as_bucket_view: each parameter's .grad aliases its slot in a flat bucket buffer, so
 /// autograd accumulates straight into the bucket and nothing is copied on the way in or out.
@@ -135,7 +302,9 @@ class step_gate {
 /// own overlaps it with the rest of backward; see use_communication_thread for when it is used,
 /// otherwise the buckets are reduced on the training thread, in order, once backward is done); an
 /// engine callback at the end of backward awaits the buckets. Each bucket is averaged by one all-reduce
-/// (reduce_op::avg, the division fused in; with bfloat16 compression a sum of values divided on the way in).
+/// (reduce_op::avg, the division fused in; with compression a sum of values divided on the way in).
+/// On a GPU (`device`, the NCCL gradient path) complete buckets are enqueued at once on a side
+/// stream instead (device_buckets): no thread, no host synchronisation.
 /// MPI is called from one thread at a time (MPI_THREAD_SERIALIZED): the training thread makes no
 /// MPI call between the first hook of a backward pass and the end of that pass. When MPI was
 /// initialised below MPI_THREAD_SERIALIZED, buckets are reduced on the training thread instead.
@@ -144,8 +313,9 @@ class step_gate {
 /// every rank enters the same collectives in the same order.
 class gradient_reducer {
  public:
-  gradient_reducer(comm::any& c, std::vector<torch::Tensor> params, model_options const& options, bool use_thread)
-      : comm_(c), params_(std::move(params)) {
+  gradient_reducer(comm::any& c, std::vector<torch::Tensor> params, model_options const& options, bool use_thread,
+                   std::unique_ptr<device_buckets> device = nullptr)
+      : comm_(c), params_(std::move(params)), device_(std::move(device)) {
     torch::NoGradGuard no_grad;
     std::vector<tensor_spec> specs;
     for (auto const& p : params_) specs.push_back({p.nbytes(), static_cast<int>(p.scalar_type())});
@@ -161,13 +331,16 @@ class gradient_reducer {
       }
       auto const& first = params_[plan[b].tensors.front()];
       auto st = first.scalar_type();
-      if (st != torch::kFloat && st != torch::kDouble)
+      bool const half = st == torch::kBFloat16 || st == torch::kHalf;
+      if (st != torch::kFloat && st != torch::kDouble && !(device_ && half))
         throw cohort::error(std::string("prepare_model: gradients of dtype ") + std::string(c10::toString(st)) +
-                            " are not supported by the MPI backend: use float32 or float64 parameters");
+                            (device_ ? " are not supported by NCCL: use float32, float64, bfloat16 or float16 parameters"
+                                     : " are not supported by the MPI backend: use float32 or float64 parameters"));
       bk.params = plan[b].tensors;
       bk.flat = torch::zeros({numel}, first.options().requires_grad(false));
-      if (options.compression == gradient_compression::bfloat16 && st == torch::kFloat)
-        bk.compressed.resize(static_cast<std::size_t>(numel));
+      if (options.compression != gradient_compression::none && st == torch::kFloat)
+        bk.packed = torch::empty({numel}, bk.flat.options().dtype(
+                                              options.compression == gradient_compression::bfloat16 ? torch::kBFloat16 : torch::kHalf));
       std::int64_t offset = 0;
       for (auto i : plan[b].tensors) {
         // set_ (not narrow): a plain tensor sharing the bucket's storage, so that optimizers may
@@ -178,9 +351,11 @@ class gradient_reducer {
       buckets_.push_back(std::move(bk));
     }
     done_.assign(buckets_.size(), 0);
+    int const ranks = device_ ? device_->size() : comm_.size();
+    inv_size_ = torch::scalar_tensor(1.0 / ranks, torch::kFloat);
     int level = MPI_THREAD_SINGLE;
     MPI_Query_thread(&level);
-    if (level >= MPI_THREAD_SERIALIZED && use_thread) worker_ = std::thread([this] { work(); });
+    if (!device_ && level >= MPI_THREAD_SERIALIZED && use_thread) worker_ = std::thread([this] { work(); });
     for (std::size_t i = 0; i < params_.size(); ++i) {
       bind(i);
       auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
@@ -231,7 +406,7 @@ class gradient_reducer {
   struct bucket {
     std::vector<std::size_t> params;
     torch::Tensor flat;
-    std::vector<comm::bfloat16> compressed;  ///< the bfloat16 copy sent instead (compression), else empty
+    torch::Tensor packed;  ///< the bfloat16 or float16 copy sent instead (compression), else undefined
     std::size_t pending = 0;
   };
 
@@ -289,6 +464,7 @@ class gradient_reducer {
   /// other's backward there as well as at the end (bench_train_step: the CNN step 3.8% slower
   /// than a hand-written loop on average over 7 runs, 2.2% faster over 8 deferred ones).
   void launch_ready(bool at_end = false) {
+    if (device_) return launch_on_device();
     if (!worker_.joinable() && !at_end) return;
     while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
       auto b = next_++;
@@ -312,17 +488,38 @@ class gradient_reducer {
     }
   }
 
+  /// The complete buckets, in bucket order, enqueued on the GPU in one batch (one NCCL group).
+  void launch_on_device() {
+    batch_.clear();
+    while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
+      auto& bk = buckets_[next_];
+      if (bk.packed.defined()) {
+        pack(bk);
+        batch_.push_back({bk.packed, comm::reduce_op::sum});
+      } else {
+        batch_.push_back({bk.flat, comm::reduce_op::avg});
+      }
+      std::lock_guard lock(mutex_);
+      done_[next_++] = 1;  // enqueued: finish() orders the current stream after it
+    }
+    if (!batch_.empty()) device_->launch(batch_);
+  }
+
+  /// Compression, on the way in: each gradient divided by the size and rounded once to the
+  /// packed type (DDP's hooks divide after rounding); summed by the all-reduce, widened back after.
+  void pack(bucket& bk) const {
+    torch::NoGradGuard no_grad;
+    at::mul_out(bk.packed, bk.flat, inv_size_);
+  }
+
   void reduce(std::size_t b) {
     auto& flat = buckets_[b].flat;
     auto n = static_cast<std::size_t>(flat.numel());
-    if (auto& packed = buckets_[b].compressed; !packed.empty()) {
-      // bfloat16: divided by the size and rounded once on the way in (DDP's bf16 hook divides
-      // after rounding), summed, widened back on the way out.
-      float* g = flat.data_ptr<float>();
-      float const inv = 1.0f / static_cast<float>(comm_.size());
-      for (std::size_t i = 0; i < n; ++i) packed[i] = comm::bfloat16::from_float(g[i] * inv);
-      comm_.allreduce(packed.data(), n, comm::reduce_op::sum);
-      for (std::size_t i = 0; i < n; ++i) g[i] = packed[i].to_float();
+    if (auto& packed = buckets_[b].packed; packed.defined()) {
+      pack(buckets_[b]);
+      if (packed.scalar_type() == torch::kBFloat16) comm_.allreduce(static_cast<comm::bfloat16*>(packed.data_ptr()), n, comm::reduce_op::sum);
+      else comm_.allreduce(static_cast<comm::float16*>(packed.data_ptr()), n, comm::reduce_op::sum);
+      flat.copy_(packed);
       return;
     }
     // avg: the division by the world size is fused into the reduction (no extra pass).
@@ -365,6 +562,12 @@ class gradient_reducer {
       buckets_[b].pending = 0;
     }
     launch_ready(true);
+    if (device_) {
+      in_pass_ = false;  // before anything throws: the next backward starts a new pass
+      device_->finish();
+      for (auto& bk : buckets_)
+        if (bk.packed.defined()) bk.flat.copy_(bk.packed);  // on the current stream, after the all-reduce
+    }
     std::unique_lock lock(mutex_);
     wake_.wait(lock, [&] { return std::all_of(done_.begin(), done_.end(), [](char d) { return d != 0; }); });
     in_pass_ = false;
@@ -384,6 +587,7 @@ class gradient_reducer {
 
   comm::any& comm_;
   std::vector<torch::Tensor> params_;
+  torch::Tensor inv_size_;  ///< 1 / ranks, a float scalar (compression divides by it)
   std::vector<torch::Tensor> aliases_;  ///< per parameter: its slot in its bucket's flat buffer
   std::vector<std::size_t> slot_of_;    ///< per parameter: its bucket
   std::vector<bucket> buckets_;
@@ -407,6 +611,10 @@ class gradient_reducer {
   bool stop_ = false;
   bool busy_ = false;  ///< the thread is reducing a bucket
   std::thread worker_;
+  // The GPU path; declared after the buckets, so destroyed before them (its destructor waits
+  // for the all-reduces still reading them).
+  std::unique_ptr<device_buckets> device_;
+  std::vector<device_reduction> batch_;  ///< launch_on_device's batch, reused
 };
 
 }  // namespace detail
@@ -491,16 +699,15 @@ prepared_model<Module> prepare_model_for(context& ctx, Module module, model_opti
     for (auto& b : m.buffers()) detail::broadcast_tensor(c, b);
   }
   std::shared_ptr<detail::gradient_reducer> reducer;
-  if (c.size() > 1 && ctx.device().kind == device_kind::cuda)
-    throw cohort::error("prepare_model: averaging gradients of CUDA tensors across " + std::to_string(c.size()) +
-                        " ranks needs the NCCL gradient path, which is not built yet (comm::nccl exists; the "
-                        "reducer does not use it): train on one GPU, or use scaling::cpu");
   if (c.size() > 1) {
     std::vector<torch::Tensor> params;
     for (auto& p : m.parameters())
       if (p.requires_grad()) params.push_back(p);
-    bool thread = use_communication_thread(options.reduce_on, scaling::node_cores(), ctx.local_world_size());
-    if (!params.empty()) reducer = std::make_shared<detail::gradient_reducer>(c, std::move(params), options, thread);
+    bool const on_gpu = ctx.device().kind == device_kind::cuda;
+    bool const thread = !on_gpu && use_communication_thread(options.reduce_on, scaling::node_cores(), ctx.local_world_size());
+    auto device = on_gpu ? detail::make_device_buckets(c, ctx.device().index, options.timeout_ms) : nullptr;
+    if (!params.empty())
+      reducer = std::make_shared<detail::gradient_reducer>(c, std::move(params), options, thread, std::move(device));
   }
   return prepared_model<Module>(std::move(module), std::move(reducer));
 }
