@@ -18,7 +18,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -72,10 +74,13 @@ inline ncclRedOp_t nccl_op(reduce_op op) {
   }
 }
 
-/// The NCCL communicator and its CUDA stream, shared by a comm::nccl and its requests. `comm`
-/// is atomic: a watchdog thread may abort it while another thread enqueues (which then throws).
+/// The NCCL communicator and its CUDA stream, shared by a comm::nccl and its requests. A watchdog
+/// thread may abort it while another thread enqueues: `comm` is atomic, and `use` is held by every
+/// call that passes the handle to NCCL and by abort(), so the handle is never freed under a call
+/// (NCCL allows one thread at a time per communicator).
 struct nccl_state {
   std::atomic<ncclComm_t> comm{nullptr};
+  std::recursive_timed_mutex use;
   cudaStream_t stream = nullptr;
   int rank = 0;
   int size = 1;
@@ -118,8 +123,10 @@ struct nccl_state {
   }
 
   /// Aborts the communicator (once, whichever thread gets here first): its kernels in flight
-  /// return, and later calls throw.
+  /// return, and later calls throw. Waits up to 10 s for a call in progress on another thread;
+  /// one stuck inside NCCL longer than that is what ncclCommAbort exists to release.
   void abort() {
+    std::unique_lock lock(use, std::chrono::seconds(10));
     if (ncclComm_t c = comm.exchange(nullptr)) ncclCommAbort(c);
   }
 };
@@ -210,6 +217,7 @@ class nccl {
   template <reducible T>
   void allreduce(T* data, std::size_t count, reduce_op op) {
     if (op == reduce_op::avg && !detail::averageable<T>) detail::avg_needs_floating();
+    std::lock_guard lock(state_->use);
     detail::check_nccl(ncclAllReduce(data, data, count, detail::nccl_type<T>(), detail::nccl_op(op), live(), state_->stream),
                        "ncclAllReduce");
   }
@@ -223,11 +231,13 @@ class nccl {
 
   /// `bytes` of the device buffer from `root` to every rank (ncclBroadcast, in place).
   void broadcast(std::byte* data, std::size_t bytes, int root) {
+    std::lock_guard lock(state_->use);
     detail::check_nccl(ncclBroadcast(data, data, bytes, ncclUint8, root, live(), state_->stream), "ncclBroadcast");
   }
 
   /// `bytes` from each rank's device buffer `send` into `recv` (size() * bytes), in rank order.
   void allgather(std::byte const* send, std::size_t bytes, std::byte* recv) {
+    std::lock_guard lock(state_->use);
     detail::check_nccl(ncclAllGather(send, recv, bytes, ncclUint8, live(), state_->stream), "ncclAllGather");
   }
 
@@ -263,12 +273,19 @@ class nccl {
   }
 
   /// Groups the collectives enqueued in its lifetime into one NCCL launch (ncclGroupStart/End):
-  /// several buckets' all-reduces at once.
+  /// several buckets' all-reduces at once. Every rank must group the same collectives. Ending a
+  /// group while an exception unwinds ignores NCCL's result (the exception in flight says more).
   struct group {
     group() { detail::check_nccl(ncclGroupStart(), "ncclGroupStart"); }
     group(group const&) = delete;
     group& operator=(group const&) = delete;
-    ~group() noexcept(false) { detail::check_nccl(ncclGroupEnd(), "ncclGroupEnd"); }
+    ~group() noexcept(false) {
+      auto const rc = ncclGroupEnd();
+      if (std::uncaught_exceptions() == unwinding_) detail::check_nccl(rc, "ncclGroupEnd");
+    }
+
+   private:
+    int unwinding_ = std::uncaught_exceptions();
   };
 
   nccl(nccl&& o) noexcept = default;

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <latch>
@@ -147,8 +148,8 @@ struct device_reduction {
 class device_buckets {
  public:
   virtual ~device_buckets() = default;
-  /// Enqueues the all-reduces of `batch` (in bucket order; several at once as one group) after
-  /// the work enqueued so far on the current stream. Throws an error an earlier pass ran into.
+  /// Enqueues the all-reduces of `batch` (in bucket order) after the work enqueued so far on the
+  /// current stream. Throws an error an earlier pass ran into.
   virtual void launch(std::span<device_reduction const> batch) = 0;
   /// The end of backward: the current stream waits for every all-reduce launched (an optimizer
   /// step enqueued next sees averaged gradients). Throws an error an earlier pass ran into.
@@ -194,7 +195,9 @@ class nccl_buckets final : public device_buckets {
       stop_ = true;
     }
     wake_.notify_all();
-    watchdog_.join();        // every pass waited for (or the communicator aborted): bounded
+    watchdog_.join();  // every pass waited for (or the communicator aborted): bounded
+    if (!error_.empty() && !thrown_)  // the last pass failed and no backward came after it to say so
+      std::fprintf(stderr, "cohort: error: gradient all-reduce failed: %s\n", error_.c_str());
     cudaStreamSynchronize(side_);  // nothing still reads the buckets, which are freed next
     cudaEventDestroy(ready_);
     cudaStreamDestroy(side_);
@@ -206,8 +209,8 @@ class nccl_buckets final : public device_buckets {
     // again later does not change a wait already enqueued.
     comm::detail::check_cuda(cudaEventRecord(ready_, current_cuda_stream(device_)), "cudaEventRecord");
     comm::detail::check_cuda(cudaStreamWaitEvent(side_, ready_, 0), "cudaStreamWaitEvent");
-    if (batch.size() == 1) return enqueue(batch.front());
-    comm::nccl::group together;
+    // Not grouped: which buckets complete together can differ between ranks (a parameter unused
+    // on one of them), and every rank must group the same collectives.
     for (auto const& r : batch) enqueue(r);
   }
 
@@ -241,10 +244,13 @@ class nccl_buckets final : public device_buckets {
 
   void throw_if_failed() {
     std::lock_guard lock(mutex_);
-    if (!error_.empty()) throw cohort::error("gradient all-reduce failed: " + error_);
+    if (error_.empty()) return;
+    thrown_ = true;
+    throw cohort::error("gradient all-reduce failed: " + error_);
   }
 
   void watch() {
+    cudaSetDevice(device_);  // else its CUDA calls would make a context on device 0
     std::unique_lock lock(mutex_);
     for (;;) {
       wake_.wait(lock, [&] { return stop_ || !pending_.empty(); });
@@ -271,6 +277,7 @@ class nccl_buckets final : public device_buckets {
   std::condition_variable wake_;
   std::deque<comm::nccl_request> pending_;  ///< passes the watchdog has still to see complete
   std::string error_;
+  bool thrown_ = false;  ///< error_ was thrown to the training thread
   bool stop_ = false;
   std::thread watchdog_;
 };
@@ -352,7 +359,8 @@ class gradient_reducer {
     }
     done_.assign(buckets_.size(), 0);
     int const ranks = device_ ? device_->size() : comm_.size();
-    inv_size_ = torch::scalar_tensor(1.0 / ranks, torch::kFloat);
+    inv_size_f_ = 1.0f / static_cast<float>(ranks);
+    inv_size_ = torch::scalar_tensor(inv_size_f_, torch::kFloat);
     int level = MPI_THREAD_SINGLE;
     MPI_Query_thread(&level);
     if (!device_ && level >= MPI_THREAD_SERIALIZED && use_thread) worker_ = std::thread([this] { work(); });
@@ -443,7 +451,12 @@ class gradient_reducer {
     torch::NoGradGuard no_grad;
     bind(i);
     seen_[i] = true;
-    if (--buckets_[slot_of_[i]].pending == 0) launch_ready();
+    try {
+      if (--buckets_[slot_of_[i]].pending == 0) launch_ready();
+    } catch (...) {
+      in_pass_ = false;  // backward fails; its end-of-pass callback will not run
+      throw;
+    }
   }
 
   void begin_pass() {
@@ -507,9 +520,19 @@ class gradient_reducer {
 
   /// Compression, on the way in: each gradient divided by the size and rounded once to the
   /// packed type (DDP's hooks divide after rounding); summed by the all-reduce, widened back after.
+  /// On the GPU one kernel on the current stream; on the CPU a loop (at::mul_out would allocate
+  /// a float32 temporary there, per bucket and backward).
   void pack(bucket& bk) const {
     torch::NoGradGuard no_grad;
-    at::mul_out(bk.packed, bk.flat, inv_size_);
+    if (bk.flat.is_cuda()) return void(at::mul_out(bk.packed, bk.flat, inv_size_));
+    auto const n = static_cast<std::size_t>(bk.flat.numel());
+    float const* g = bk.flat.data_ptr<float>();
+    float const inv = inv_size_f_;
+    auto round_into = [&]<class Half>(Half* out) {
+      for (std::size_t i = 0; i < n; ++i) out[i] = Half::from_float(g[i] * inv);
+    };
+    if (bk.packed.scalar_type() == torch::kBFloat16) round_into(static_cast<comm::bfloat16*>(bk.packed.data_ptr()));
+    else round_into(static_cast<comm::float16*>(bk.packed.data_ptr()));
   }
 
   void reduce(std::size_t b) {
@@ -555,6 +578,7 @@ class gradient_reducer {
   /// contribute what their .grad holds (zero when none), the remaining buckets are launched, and
   /// every all-reduce (an average) is awaited.
   void finish_pass() {
+    in_pass_ = false;  // first: the next backward starts a new pass, whatever throws below
     torch::NoGradGuard no_grad;
     for (std::size_t b = next_; b < buckets_.size(); ++b) {
       for (auto i : buckets_[b].params)
@@ -563,14 +587,12 @@ class gradient_reducer {
     }
     launch_ready(true);
     if (device_) {
-      in_pass_ = false;  // before anything throws: the next backward starts a new pass
       device_->finish();
       for (auto& bk : buckets_)
         if (bk.packed.defined()) bk.flat.copy_(bk.packed);  // on the current stream, after the all-reduce
     }
     std::unique_lock lock(mutex_);
     wake_.wait(lock, [&] { return std::all_of(done_.begin(), done_.end(), [](char d) { return d != 0; }); });
-    in_pass_ = false;
     if (!error_.empty()) throw cohort::error("gradient all-reduce failed: " + error_);
     auto gates = std::exchange(gates_, {});
     lock.unlock();
@@ -587,7 +609,8 @@ class gradient_reducer {
 
   comm::any& comm_;
   std::vector<torch::Tensor> params_;
-  torch::Tensor inv_size_;  ///< 1 / ranks, a float scalar (compression divides by it)
+  float inv_size_f_ = 1.0f;  ///< 1 / ranks (compression divides by it)
+  torch::Tensor inv_size_;   ///< the same as a scalar tensor, for at::mul_out on the GPU
   std::vector<torch::Tensor> aliases_;  ///< per parameter: its slot in its bucket's flat buffer
   std::vector<std::size_t> slot_of_;    ///< per parameter: its bucket
   std::vector<bucket> buckets_;
