@@ -100,12 +100,8 @@ struct nccl_state {
       cudaError_t q = cudaEventQuery(event);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) check_cuda(q, "cudaEventQuery");
-      ncclComm_t c = comm.load();
-      if (!c)
-        throw cohort::error(std::string("NCCL ") + what +
-                            " cannot complete: the communicator was aborted after an earlier error or timeout");
       ncclResult_t async = ncclSuccess;
-      check_nccl(ncclCommGetAsyncError(c, &async), "ncclCommGetAsyncError");
+      check_nccl(ncclCommGetAsyncError(live(), &async), "ncclCommGetAsyncError");
       if (async != ncclSuccess && async != ncclInProgress) {
         abort();
         check_nccl(async, what);
@@ -120,6 +116,23 @@ struct nccl_state {
       if (poll.count() > 0) std::this_thread::sleep_for(poll);
       else if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+  }
+
+  /// The communicator; throws once it was aborted.
+  ncclComm_t live() const {
+    ncclComm_t c = comm.load();
+    if (!c)
+      throw cohort::error("this NCCL communicator was aborted after an earlier error or timeout: "
+                          "stop the run (every rank saw the error) and restart it from its checkpoint");
+    return c;
+  }
+
+  /// Calls `f` with the communicator while holding `use` (so abort() cannot free it meanwhile)
+  /// and checks its result.
+  template <class F>
+  void call(F&& f, char const* what) {
+    std::lock_guard lock(use);
+    check_nccl(f(live()), what);
   }
 
   /// Aborts the communicator (once, whichever thread gets here first): its kernels in flight
@@ -217,9 +230,8 @@ class nccl {
   template <reducible T>
   void allreduce(T* data, std::size_t count, reduce_op op) {
     if (op == reduce_op::avg && !detail::averageable<T>) detail::avg_needs_floating();
-    std::lock_guard lock(state_->use);
-    detail::check_nccl(ncclAllReduce(data, data, count, detail::nccl_type<T>(), detail::nccl_op(op), live(), state_->stream),
-                       "ncclAllReduce");
+    state_->call([&](ncclComm_t c) { return ncclAllReduce(data, data, count, detail::nccl_type<T>(), detail::nccl_op(op), c, state_->stream); },
+                 "ncclAllReduce");
   }
 
   /// allreduce, plus an event to wait on or test.
@@ -231,14 +243,12 @@ class nccl {
 
   /// `bytes` of the device buffer from `root` to every rank (ncclBroadcast, in place).
   void broadcast(std::byte* data, std::size_t bytes, int root) {
-    std::lock_guard lock(state_->use);
-    detail::check_nccl(ncclBroadcast(data, data, bytes, ncclUint8, root, live(), state_->stream), "ncclBroadcast");
+    state_->call([&](ncclComm_t c) { return ncclBroadcast(data, data, bytes, ncclUint8, root, c, state_->stream); }, "ncclBroadcast");
   }
 
   /// `bytes` from each rank's device buffer `send` into `recv` (size() * bytes), in rank order.
   void allgather(std::byte const* send, std::size_t bytes, std::byte* recv) {
-    std::lock_guard lock(state_->use);
-    detail::check_nccl(ncclAllGather(send, recv, bytes, ncclUint8, live(), state_->stream), "ncclAllGather");
+    state_->call([&](ncclComm_t c) { return ncclAllGather(send, recv, bytes, ncclUint8, c, state_->stream); }, "ncclAllGather");
   }
 
   /// Returns once every rank has reached it and the stream's work before it has completed
@@ -298,14 +308,6 @@ class nccl {
   struct cuda_free {
     void operator()(void* p) const noexcept { cudaFree(p); }
   };
-
-  ncclComm_t live() const {
-    ncclComm_t c = state_->comm.load();
-    if (!c)
-      throw cohort::error("this NCCL communicator was aborted after an earlier error or timeout: "
-                          "stop the run (every rank saw the error) and restart it from its checkpoint");
-    return c;
-  }
 
   std::shared_ptr<detail::nccl_state> state_;
   std::unique_ptr<mpi> mpi_;

@@ -135,12 +135,27 @@ class step_gate {
   std::atomic<bool> opened_{false};
 };
 
-/// One bucket's all-reduce on a GPU: its buffer and the operation (avg; sum for a compressed
-/// bucket, divided on the way in).
-struct device_reduction {
+/// One bucket's all-reduce: the buffer sent and the operation (avg; sum for a compressed bucket,
+/// divided on the way in).
+struct reduction {
   torch::Tensor buffer;
   comm::reduce_op op = comm::reduce_op::avg;
 };
+
+/// Calls `f` with `t`'s elements as a typed pointer (float, double, comm::bfloat16 or
+/// comm::float16): what a communicator reduces.
+template <class F>
+void with_elements(torch::Tensor const& t, F&& f) {
+  switch (t.scalar_type()) {
+    case torch::kFloat: return f(t.data_ptr<float>());
+    case torch::kDouble: return f(t.data_ptr<double>());
+    case torch::kBFloat16: return f(static_cast<comm::bfloat16*>(t.data_ptr()));
+    case torch::kHalf: return f(static_cast<comm::float16*>(t.data_ptr()));
+    default:
+      throw cohort::error(std::string("prepare_model: gradients of dtype ") + std::string(c10::toString(t.scalar_type())) +
+                          " cannot be averaged: use float32, float64, bfloat16 or float16 parameters");
+  }
+}
 
 /// A reducer's buckets on a GPU (the NCCL gradient path): each all-reduce is enqueued on a side
 /// stream behind the backward work that filled its bucket, and the end of backward makes the
@@ -150,7 +165,7 @@ class device_buckets {
   virtual ~device_buckets() = default;
   /// Enqueues the all-reduces of `batch` (in bucket order) after the work enqueued so far on the
   /// current stream. Throws an error an earlier pass ran into.
-  virtual void launch(std::span<device_reduction const> batch) = 0;
+  virtual void launch(std::span<reduction const> batch) = 0;
   /// The end of backward: the current stream waits for every all-reduce launched (an optimizer
   /// step enqueued next sees averaged gradients). Throws an error an earlier pass ran into.
   virtual void finish() = 0;
@@ -203,7 +218,7 @@ class nccl_buckets final : public device_buckets {
     cudaStreamDestroy(side_);
   }
 
-  void launch(std::span<device_reduction const> batch) override {
+  void launch(std::span<reduction const> batch) override {
     throw_if_failed();
     // One event marks the current stream's position; the side stream waits for it. Recording it
     // again later does not change a wait already enqueued.
@@ -211,7 +226,8 @@ class nccl_buckets final : public device_buckets {
     comm::detail::check_cuda(cudaStreamWaitEvent(side_, ready_, 0), "cudaStreamWaitEvent");
     // Not grouped: which buckets complete together can differ between ranks (a parameter unused
     // on one of them), and every rank must group the same collectives.
-    for (auto const& r : batch) enqueue(r);
+    for (auto const& r : batch)
+      with_elements(r.buffer, [&](auto* data) { comm_.allreduce(data, static_cast<std::size_t>(r.buffer.numel()), r.op); });
   }
 
   void finish() override {
@@ -228,20 +244,6 @@ class nccl_buckets final : public device_buckets {
   int size() const override { return comm_.size(); }
 
  private:
-  void enqueue(device_reduction const& r) {
-    auto const n = static_cast<std::size_t>(r.buffer.numel());
-    switch (r.buffer.scalar_type()) {
-      case torch::kFloat: return comm_.allreduce(r.buffer.data_ptr<float>(), n, r.op);
-      case torch::kDouble: return comm_.allreduce(r.buffer.data_ptr<double>(), n, r.op);
-      case torch::kBFloat16: return comm_.allreduce(static_cast<comm::bfloat16*>(r.buffer.data_ptr()), n, r.op);
-      case torch::kHalf: return comm_.allreduce(static_cast<comm::float16*>(r.buffer.data_ptr()), n, r.op);
-      default:
-        throw cohort::error(std::string("prepare_model: NCCL cannot average gradients of dtype ") +
-                            std::string(c10::toString(r.buffer.scalar_type())) +
-                            ": use float32, float64, bfloat16 or float16 parameters");
-    }
-  }
-
   void throw_if_failed() {
     std::lock_guard lock(mutex_);
     if (error_.empty()) return;
@@ -416,6 +418,8 @@ class gradient_reducer {
     torch::Tensor flat;
     torch::Tensor packed;  ///< the bfloat16 or float16 copy sent instead (compression), else undefined
     std::size_t pending = 0;
+    /// What its all-reduce sends: the packed copy (summed: divided on the way in) or the bucket.
+    reduction sent() const { return packed.defined() ? reduction{packed, comm::reduce_op::sum} : reduction{flat}; }
   };
 
   /// Runs after autograd has accumulated a parameter's gradient.
@@ -501,17 +505,13 @@ class gradient_reducer {
     }
   }
 
-  /// The complete buckets, in bucket order, enqueued on the GPU in one batch (one NCCL group).
+  /// The complete buckets, in bucket order, enqueued on the GPU in one batch.
   void launch_on_device() {
     batch_.clear();
     while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
       auto& bk = buckets_[next_];
-      if (bk.packed.defined()) {
-        pack(bk);
-        batch_.push_back({bk.packed, comm::reduce_op::sum});
-      } else {
-        batch_.push_back({bk.flat, comm::reduce_op::avg});
-      }
+      if (bk.packed.defined()) pack(bk);
+      batch_.push_back(bk.sent());
       std::lock_guard lock(mutex_);
       done_[next_++] = 1;  // enqueued: finish() orders the current stream after it
     }
@@ -535,19 +535,14 @@ class gradient_reducer {
     else round_into(static_cast<comm::float16*>(bk.packed.data_ptr()));
   }
 
+  /// One bucket over the communicator (avg: the division by the world size fused into the
+  /// reduction; compressed: packed, summed, widened back).
   void reduce(std::size_t b) {
-    auto& flat = buckets_[b].flat;
-    auto n = static_cast<std::size_t>(flat.numel());
-    if (auto& packed = buckets_[b].packed; packed.defined()) {
-      pack(buckets_[b]);
-      if (packed.scalar_type() == torch::kBFloat16) comm_.allreduce(static_cast<comm::bfloat16*>(packed.data_ptr()), n, comm::reduce_op::sum);
-      else comm_.allreduce(static_cast<comm::float16*>(packed.data_ptr()), n, comm::reduce_op::sum);
-      flat.copy_(packed);
-      return;
-    }
-    // avg: the division by the world size is fused into the reduction (no extra pass).
-    if (flat.scalar_type() == torch::kFloat) comm_.allreduce(flat.data_ptr<float>(), n, comm::reduce_op::avg);
-    else comm_.allreduce(flat.data_ptr<double>(), n, comm::reduce_op::avg);
+    auto& bk = buckets_[b];
+    if (bk.packed.defined()) pack(bk);
+    auto const r = bk.sent();
+    with_elements(r.buffer, [&](auto* data) { comm_.allreduce(data, static_cast<std::size_t>(r.buffer.numel()), r.op); });
+    if (bk.packed.defined()) bk.flat.copy_(bk.packed);
   }
 
   /// The communication thread: reduces buckets in the order they were queued.
@@ -637,7 +632,7 @@ class gradient_reducer {
   // The GPU path; declared after the buckets, so destroyed before them (its destructor waits
   // for the all-reduces still reading them).
   std::unique_ptr<device_buckets> device_;
-  std::vector<device_reduction> batch_;  ///< launch_on_device's batch, reused
+  std::vector<reduction> batch_;  ///< launch_on_device's batch, reused
 };
 
 }  // namespace detail
