@@ -137,14 +137,37 @@ TEST_CASE("model weights are a safetensors file that safetensors (and so Python)
   auto saved = cohort::safetensors::load(dir / "model.safetensors");
   REQUIRE(saved.size() == 4);
   CHECK(saved[0].first == "l1.bias");  // the header's (sorted) order
+  // The header's length, and the header: padded so that the tensors' bytes start on a page boundary.
+  auto header_of = [](std::filesystem::path const& file) {
+    std::ifstream in(file, std::ios::binary);
+    unsigned char length[8] = {};
+    in.read(reinterpret_cast<char*>(length), 8);
+    std::uint64_t n = 0;
+    for (int k = 0; k < 8; ++k) n |= std::uint64_t{length[k]} << (8 * k);
+    std::string text(n, ' ');
+    in.read(text.data(), static_cast<std::streamsize>(n));
+    return std::pair{n, nlohmann::json::parse(text)};
+  };
+  auto const model_header_bytes = header_of(dir / "model.safetensors").first;
+  CHECK((8 + model_header_bytes) % cohort::safetensors::data_alignment_bytes == 0);
+  CHECK(std::filesystem::file_size(dir / "model.safetensors") == 8 + model_header_bytes + (6 * 3 + 6 + 6 + 1) * sizeof(float));
   for (auto const& [name, t] : saved)
     if (name == "l1.weight") CHECK(torch::equal(t, model->l1->weight));
   CHECK(nlohmann::json::parse(std::ifstream(dir / "state.json"))["values"][0] == 7);
+  // A tensor of a whole number of cache lines goes before one that is not, so it stays aligned.
+  auto const odd = torch::arange(3, torch::kFloat), whole = torch::arange(16, torch::kFloat);
+  cohort::safetensors::save(dir / "mixed.safetensors", {{"odd", odd}, {"whole", whole}});
+  auto mixed = cohort::safetensors::load(dir / "mixed.safetensors");
+  REQUIRE(mixed.size() == 2);
+  CHECK(torch::equal(mixed[0].second, odd));
+  CHECK(torch::equal(mixed[1].second, whole));
+  CHECK(header_of(dir / "mixed.safetensors").second["whole"]["data_offsets"] == nlohmann::json{0, 64});
   // Python's safetensors, where installed, reads the same file.
   if (std::system("python3 -c 'import safetensors' 2>/dev/null") == 0) {
     auto cmd = "python3 -c \"from safetensors.numpy import load_file; import sys; t = load_file(sys.argv[1]); "
-               "assert t['l1.weight'].shape == (6, 3), t.keys(); print('python read', sorted(t))\" " +
-               (dir / "model.safetensors").string();
+               "assert t['l1.weight'].shape == (6, 3), t.keys(); m = load_file(sys.argv[2]); "
+               "assert list(m['odd']) == [0, 1, 2] and list(m['whole']) == list(range(16)), m; print('python read', sorted(t))\" " +
+               (dir / "model.safetensors").string() + " " + (dir / "mixed.safetensors").string();
     CHECK(std::system(cmd.c_str()) == 0);
   } else {
     WARN("python3 with safetensors not installed: the Python read check did not run");

@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -46,26 +47,34 @@ inline torch::ScalarType dtype_of(std::string const& s) {
 }
 }  // namespace detail
 
+/// Where save() starts the byte buffer: the JSON header is padded with spaces (which the format
+/// allows) so that the tensors' bytes begin on a page boundary of the file. Tensor memory is
+/// 64-byte aligned, so write() then copies each cache line to the same offset in a page-cache
+/// line; at the 80-byte offset of an unpadded header it took 5.5 ms instead of 3.6 for 16 MiB
+/// (docs/benchmarks.md).
+inline constexpr std::size_t data_alignment_bytes = 4096;
+
 /// Writes `tensors` (name, CPU tensor) to `path` with checkpointing::write_checked (fsynced, its
-/// checksum recorded for the commit). Contiguous CPU tensors are written from their own memory, no copy.
+/// checksum recorded for the commit). Contiguous CPU tensors are written from their own memory,
+/// no copy; those whose size is a multiple of 64 bytes first, so they all stay aligned.
 inline void save(std::filesystem::path const& path, std::vector<std::pair<std::string, torch::Tensor>> const& tensors) {
+  std::vector<std::pair<std::string, torch::Tensor>> data;
+  for (auto const& [name, t] : tensors) data.emplace_back(name, t.detach().to(torch::kCPU).contiguous());
+  std::stable_partition(data.begin(), data.end(), [](auto const& d) { return d.second.nbytes() % 64 == 0; });
   nlohmann::json header = nlohmann::json::object();
-  std::vector<torch::Tensor> data;
   std::uint64_t offset = 0;
-  for (auto const& [name, t0] : tensors) {
-    auto t = t0.detach().to(torch::kCPU).contiguous();
+  for (auto const& [name, t] : data) {
     auto bytes = static_cast<std::uint64_t>(t.nbytes());
     header[name] = {{"dtype", detail::dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    data.push_back(std::move(t));
   }
-  std::string h = header.dump();
-  h.append((8 - h.size() % 8) % 8, ' ');
-  char length[8];
-  std::uint64_t n = h.size();
-  for (int k = 0; k < 8; ++k) length[k] = static_cast<char>((n >> (8 * k)) & 0xff);
-  std::vector<std::pair<void const*, std::size_t>> pieces{{length, 8}, {h.data(), h.size()}};
-  for (auto const& t : data) pieces.emplace_back(t.data_ptr(), t.nbytes());  // straight from the tensors
+  std::string h(8, '\0');  // the header's length, then the header
+  h += header.dump();
+  h.append((data_alignment_bytes - h.size() % data_alignment_bytes) % data_alignment_bytes, ' ');
+  std::uint64_t const n = h.size() - 8;
+  for (int k = 0; k < 8; ++k) h[static_cast<std::size_t>(k)] = static_cast<char>((n >> (8 * k)) & 0xff);
+  std::vector<std::pair<void const*, std::size_t>> pieces{{h.data(), h.size()}};
+  for (auto const& [name, t] : data) pieces.emplace_back(t.data_ptr(), t.nbytes());  // straight from the tensors
   checkpointing::write_checked(path, pieces);
 }
 
