@@ -80,7 +80,7 @@ using report_listener = std::function<nlohmann::json(nlohmann::json const& row)>
 struct report_state {
   std::optional<report::run_directory> dir;  ///< only on rank 0
   std::string name;
-  int verbose = 1;
+  std::optional<report::console_printer> console;  ///< rank 0 with verbose > 0: the progress lines
   int rank = 0;
   std::filesystem::path run_path;
   std::string staging_prefix;  ///< unique per attempt: staging directories never collide
@@ -132,7 +132,7 @@ struct report_state {
     ++reports_this_attempt;
     if (!dir) return;
     dir->append(row);
-    if (verbose > 0) std::cout << report::progress_line(name, row) << std::endl;
+    if (console) console->print(report::progress_line(name, row));
     if (listener && !history.empty()) history.back() = std::move(row);  // under a tuner, which keeps the history
     else history.push_back(std::move(row));
   }

@@ -226,7 +226,7 @@ class trainer {
     std::filesystem::path run_path = std::filesystem::path(run.storage_path) / name;
     detail::report_state reports;
     reports.name = name;
-    reports.verbose = run.verbose;
+    if (rank == 0 && run.verbose > 0) reports.console.emplace();
     reports.rank = rank;
     reports.run_path = run_path;
     reports.control = &control;
@@ -296,6 +296,7 @@ class trainer {
     } catch (...) {
       failure = "unknown exception";
     }
+    if (reports.console) reports.console->drain();  // the progress lines before any error or result
     // Completion: [failed, max reports, -min reports]; the failed rank waits at most
     // abort_timeout_ms for the others, then aborts the job rather than hang.
     std::int64_t status[3] = {failure ? 1 : 0, reports.reports_this_attempt, -reports.reports_this_attempt};

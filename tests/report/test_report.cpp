@@ -3,6 +3,10 @@
 #include <cohort/report/run_directory.hpp>
 #include <cohort/report/trial_table.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -33,6 +37,9 @@ TEST_CASE("nested metrics flatten into a/b columns", "[report][pure]") {
 TEST_CASE("the run directory holds params.json, result.json lines and a widening progress.csv, and appends on a rerun", "[report][pure]") {
   auto root = cohort_test::scratch("rundir") / std::to_string(cohort_test::world_rank());
   cohort::report::run_directory dir(root / "run", {{"lr", 0.1}});
+  CHECK(slurp(root / "run" / "result.json").empty());  // created with the directory, as Ray does
+  CHECK(slurp(root / "run" / "progress.csv").empty());
+  CHECK(std::filesystem::exists(root / "run" / "progress.csv"));
   dir.append({{"loss", 1.0}, {"training_iteration", 1}});
   dir.append({{"loss", 0.5}, {"training_iteration", 2}, {"val", {{"acc", 0.7}}}});
   CHECK(nlohmann::json::parse(slurp(root / "run" / "params.json"))["lr"] == 0.1);
@@ -71,6 +78,31 @@ TEST_CASE("the progress line shows the iteration, time and metrics", "[report][p
   auto line = cohort::report::progress_line(
       "run", {{"training_iteration", 3}, {"time_total_s", 12.34}, {"loss", 0.25}, {"timestamp", 1}});
   CHECK(line == "[cohort] run iter 3 (12.3 s): loss=0.25");
+}
+
+TEST_CASE("the console printer writes every line, in order, by drain() and by its destruction", "[report]") {
+  auto const file = std::filesystem::temp_directory_path() / ("cohort_console_" + std::to_string(::getpid()) + ".txt");
+  std::fflush(stdout);
+  int const saved = ::dup(STDOUT_FILENO);
+  int const fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::dup2(fd, STDOUT_FILENO);
+  std::string after_drain;
+  {
+    cohort::report::console_printer console;
+    for (int i = 0; i < 200; ++i) console.print("line " + std::to_string(i));
+    console.drain();
+    after_drain = slurp(file);
+    console.print("last");
+  }
+  std::fflush(stdout);
+  ::dup2(saved, STDOUT_FILENO);
+  ::close(saved);
+  ::close(fd);
+  std::string expected;
+  for (int i = 0; i < 200; ++i) expected += "line " + std::to_string(i) + "\n";
+  CHECK(after_drain == expected);
+  CHECK(slurp(file) == expected + "last\n");
+  std::filesystem::remove(file);
 }
 
 TEST_CASE("the trial table shows each trial's status, parameters and metric; the CSV has one row per trial", "[report][pure]") {

@@ -59,6 +59,11 @@ class run_directory {
         std::ofstream out(path_ / "params.json", std::ios::binary);
         out << params.dump(2) << "\n" << std::flush;
         if (!out) throw cohort::error("could not write " + (path_ / "params.json").string() + ": check free space and permissions");
+        // result.json and progress.csv are created now, as Ray creates them when a trial starts:
+        // creating a file took the first report ~1-2 ms on ext4 (docs/benchmarks.md).
+        result_.open(path_ / "result.json", std::ios::app);
+        progress_.open(path_ / "progress.csv", std::ios::trunc);
+        if (!result_ || !progress_) throw cohort::error("could not create result.json and progress.csv in " + path_.string() + ": check free space and permissions");
         return;
       }
       std::ifstream existing(path_ / "params.json");
@@ -101,8 +106,7 @@ class run_directory {
         widened = true;
       }
     if (widened && rows_written_ == 0) {  // the first row: the header, then the row
-      progress_.close();
-      progress_.open(path_ / "progress.csv", std::ios::trunc);
+      if (!progress_.is_open()) progress_.open(path_ / "progress.csv", std::ios::trunc);  // else created empty
       progress_ << header() << csv_row(flat) << std::flush;
       if (!progress_) throw cohort::error("could not write " + (path_ / "progress.csv").string() + ": check free space");
     } else if (widened) {  // rare: every row again, from result.json, under the wider header
