@@ -44,8 +44,8 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// The baseline: rank 0 writes `bytes` to one file, in write()s of 16 MiB as a checkpoint does (one
-/// write of 256 MiB was slower: docs/benchmarks.md), and fsyncs it.
+/// The baseline: rank 0 writes `bytes` to one file, in write()s of 16 MiB as a checkpoint does, and
+/// fsyncs it.
 void write_plain(std::span<char const> bytes) {
   if (g_ctx->world_rank() != 0) return;
   auto path = g_dir / "plain.bin";

@@ -226,7 +226,6 @@ class trainer {
     std::filesystem::path run_path = std::filesystem::path(run.storage_path) / name;
     detail::report_state reports;
     reports.name = name;
-    if (rank == 0 && run.verbose > 0) reports.console.emplace();
     reports.rank = rank;
     reports.run_path = run_path;
     reports.control = &control;
@@ -238,6 +237,7 @@ class trainer {
     if (!err && rank == 0) {
       try {
         reports.dir.emplace(run_path, nlohmann::json::parse(config_text));
+        if (run.verbose > 0) reports.console.emplace();  // a thread: its failure is agreed on below
         resume_text = find_resume_point(run, run_path, reports).dump();
       } catch (std::exception const& e) {
         err = e.what();

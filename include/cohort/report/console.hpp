@@ -2,7 +2,10 @@
 /// \file
 /// Concise rank-0 console progress: one line per report, written by a background thread.
 
+#include <pthread.h>
+
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <deque>
 #include <mutex>
@@ -75,6 +78,11 @@ class console_printer {
  private:
   void loop() {
     cohort::detail::yield_on_wakeup();
+    sigset_t stop_signals;  // SIGTERM/SIGINT go to the other threads: no write cut short here
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
     std::unique_lock lock(mutex_);
     for (;;) {
       wake_.wait(lock, [&] { return stop_ || !lines_.empty(); });
