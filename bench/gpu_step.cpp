@@ -88,15 +88,14 @@ struct variant {
   std::vector<double> ms_per_step;
 };
 
-/// Builds the three variants of one model on `ctx` and times them in alternated rounds.
 torch::Tensor cross_entropy(torch::Tensor const& logits, torch::Tensor const& labels) {
   return torch::nn::functional::cross_entropy(logits, labels);
 }
 
+/// Builds the three variants of one model on `ctx` and times them in alternated rounds.
 template <class Net>
 nlohmann::json measure(cohort::context& ctx, std::string const& name, std::function<Net()> make, torch::Tensor x,
                        torch::Tensor y, bool bf16, int steps, int rounds) {
-  auto const loss = &cross_entropy;
   auto const device = cohort::to_torch(ctx.device());
   x = x.to(device);
   y = y.to(device);
@@ -106,14 +105,14 @@ nlohmann::json measure(cohort::context& ctx, std::string const& name, std::funct
     n->to(device);
     return n;
   };
-  auto run_step = [x, y, loss, bf16, dev = ctx.device()](auto& forward, torch::optim::Optimizer& opt) {
+  auto run_step = [x, y, bf16, dev = ctx.device()](auto& forward, torch::optim::Optimizer& opt) {
     opt.zero_grad();
     torch::Tensor l;
     if (bf16) {
       cohort::autocast guard(dev);
-      l = loss(forward(x), y);
+      l = cross_entropy(forward(x), y);
     } else {
-      l = loss(forward(x), y);
+      l = cross_entropy(forward(x), y);
     }
     l.backward();
     opt.step();

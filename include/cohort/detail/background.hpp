@@ -1,12 +1,16 @@
 #pragma once
 /// \file
-/// One long-lived background thread that runs one job at a time: the async checkpoint writer.
+/// One long-lived background thread that runs jobs in order: the async checkpoint writer, the
+/// progress-line printer.
 /// Handing a job to a waiting thread costs a wake-up, where starting a thread per job cost a
 /// clone() and, on busy cores, sometimes milliseconds before the caller ran again.
 
+#include <pthread.h>
 #include <sched.h>
 
 #include <condition_variable>
+#include <csignal>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -25,6 +29,9 @@ inline void yield_on_wakeup() {
 #endif
 }
 
+/// One long-lived thread that runs the jobs given to it one after another, in order: the async
+/// checkpoint writer (one job in flight) and the progress-line printer (a queue of lines).
+/// SIGTERM/SIGINT are blocked on it, so they reach the training thread's handler instead.
 class background_worker {
  public:
   background_worker() = default;
@@ -33,7 +40,7 @@ class background_worker {
   ~background_worker() {
     {
       std::unique_lock lock(mutex_);
-      idle_.wait(lock, [&] { return !job_; });
+      idle_.wait(lock, [&] { return jobs_.empty() && !running_; });
       stop_ = true;
     }
     wake_.notify_all();
@@ -46,21 +53,21 @@ class background_worker {
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
   }
 
-  /// Runs `job` on the thread. Precondition: !busy() (the previous job was waited for).
+  /// Queues `job` to run after the jobs started before it. Called from one thread.
   void start(std::function<void()> job) {
     {
       std::lock_guard lock(mutex_);
-      job_ = std::move(job);
+      jobs_.push_back(std::move(job));
       started_ = true;
     }
     warm_up();
     wake_.notify_all();
   }
 
-  /// Blocks until the started job has returned; afterwards !busy().
+  /// Blocks until every started job has returned; afterwards !busy().
   void wait() {
     std::unique_lock lock(mutex_);
-    idle_.wait(lock, [&] { return !job_; });
+    idle_.wait(lock, [&] { return jobs_.empty() && !running_; });
     started_ = false;
   }
 
@@ -73,21 +80,31 @@ class background_worker {
  private:
   void loop() {
     yield_on_wakeup();
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
     std::unique_lock lock(mutex_);
     for (;;) {
-      wake_.wait(lock, [&] { return stop_ || job_; });
-      if (!job_) return;  // stop_
+      wake_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stop_
+      auto job = std::move(jobs_.front());
+      jobs_.pop_front();
+      running_ = true;
       lock.unlock();
-      job_();  // the job reports its own errors: it must not throw
+      job();  // a job reports its own errors: it must not throw
+      job = nullptr;
       lock.lock();
-      job_ = nullptr;
-      idle_.notify_all();
+      running_ = false;
+      if (jobs_.empty()) idle_.notify_all();
     }
   }
 
   mutable std::mutex mutex_;
   std::condition_variable wake_, idle_;
-  std::function<void()> job_;
+  std::deque<std::function<void()>> jobs_;
+  bool running_ = false;
   bool started_ = false;
   bool stop_ = false;
   std::thread thread_;

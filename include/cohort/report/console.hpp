@@ -2,15 +2,8 @@
 /// \file
 /// Concise rank-0 console progress: one line per report, written by a background thread.
 
-#include <pthread.h>
-
-#include <condition_variable>
-#include <csignal>
 #include <cstdio>
-#include <deque>
-#include <mutex>
 #include <string>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -48,63 +41,21 @@ inline std::string progress_line(std::string const& name, nlohmann::json const& 
 /// the destructor return once every line given so far is written.
 class console_printer {
  public:
-  console_printer() : thread_([this] { loop(); }) {}
-  console_printer(console_printer const&) = delete;
-  console_printer& operator=(console_printer const&) = delete;
-  ~console_printer() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();  // after writing what is queued
-  }
+  console_printer() { worker_.warm_up(); }
 
   /// Queues `line` (a newline is added).
   void print(std::string line) {
-    {
-      std::lock_guard lock(mutex_);
-      lines_.push_back(std::move(line));
-    }
-    wake_.notify_all();
+    worker_.start([line = std::move(line) + "\n"] {
+      std::fputs(line.c_str(), stdout);
+      std::fflush(stdout);
+    });
   }
 
   /// Blocks until every line queued so far is written and flushed.
-  void drain() {
-    std::unique_lock lock(mutex_);
-    idle_.wait(lock, [&] { return lines_.empty() && !writing_; });
-  }
+  void drain() { worker_.wait(); }
 
  private:
-  void loop() {
-    cohort::detail::yield_on_wakeup();
-    sigset_t stop_signals;  // SIGTERM/SIGINT go to the other threads: no write cut short here
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGTERM);
-    sigaddset(&stop_signals, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      wake_.wait(lock, [&] { return stop_ || !lines_.empty(); });
-      if (lines_.empty()) return;  // stop_, nothing left
-      std::string text;
-      for (; !lines_.empty(); lines_.pop_front()) text += lines_.front() + "\n";
-      writing_ = true;
-      lock.unlock();
-      std::fputs(text.c_str(), stdout);  // one write per batch of lines
-      std::fflush(stdout);
-      lock.lock();
-      writing_ = false;
-      idle_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable wake_, idle_;
-  std::deque<std::string> lines_;
-  bool writing_ = false;
-  bool stop_ = false;
-  std::thread thread_;  ///< last: started once the members it uses exist
+  cohort::detail::background_worker worker_;
 };
 
 }  // namespace cohort::report
