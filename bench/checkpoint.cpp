@@ -14,8 +14,10 @@
 //                        the background)
 //   training_stall       the reference Fashion-MNIST CNN trained (prepared model, SGD with
 //                        momentum, batch 64 per rank) with an async checkpoint every 10 steps:
-//                        report()'s time against the mean step, and the time of those steps
-//                        against the same steps without checkpoints, alternated in one run
+//                        report()'s time against the mean step (also without the time the
+//                        training thread waited for a core, from /proc/thread-self/schedstat),
+//                        and the time of those steps against the same steps without
+//                        checkpoints, alternated in one run
 #include <cohort/cohort.hpp>
 
 #include <fcntl.h>
@@ -37,6 +39,17 @@ struct blob : torch::nn::Module {
   explicit blob(std::int64_t bytes) { w = register_parameter("w", torch::rand({bytes / 4})); }
   torch::Tensor w;
 };
+
+/// Seconds the calling thread has spent runnable but waiting for a core (the second field of
+/// Linux's /proc/thread-self/schedstat; 0 where it cannot be read).
+double run_delay_seconds() {
+  std::FILE* f = std::fopen("/proc/thread-self/schedstat", "r");
+  if (!f) return 0;
+  unsigned long long on_cpu_ns = 0, waiting_ns = 0;
+  int const n = std::fscanf(f, "%llu %llu", &on_cpu_ns, &waiting_ns);
+  std::fclose(f);
+  return n == 2 ? static_cast<double>(waiting_ns) * 1e-9 : 0;
+}
 
 /// The median of `v` (the upper one of an even count).
 double median(std::vector<double> v) {
@@ -168,28 +181,35 @@ int main(int argc, char** argv) {
                     };
                     for (int i = 0; i < 5; ++i) step();  // warm-up
                     constexpr int block_steps = 10, blocks = 20;
-                    std::vector<double> stalls, with_s, without_s;
+                    std::vector<double> stalls, held, with_s, without_s;
                     for (int b = 0; b < 2 * blocks; ++b) {
                       bool const checkpointed = b % 2 == 1;
-                      double report_s = 0;
+                      double times[2] = {0, 0};  // report()'s time; of it, not waiting for a core
                       double block_s = cohort_bench::slowest_seconds([&] {
                         for (int i = 0; i < block_steps; ++i) step();
                         if (!checkpointed) return;
+                        double const waited_before = run_delay_seconds();
                         auto t0 = std::chrono::steady_clock::now();
                         ctx.report({{"block", b}}, cohort::checkpoint_of(model, opt));
-                        report_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                        times[0] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                        times[1] = times[0] - (run_delay_seconds() - waited_before);
                       });
-                      MPI_Allreduce(MPI_IN_PLACE, &report_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+                      MPI_Allreduce(MPI_IN_PLACE, times, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
                       (checkpointed ? with_s : without_s).push_back(block_s);
-                      if (checkpointed) stalls.push_back(report_s);
+                      if (checkpointed) {
+                        stalls.push_back(times[0]);
+                        held.push_back(times[1]);
+                      }
                     }
                     double const step_s = median(without_s) / block_steps;
+                    auto max_of = [](std::vector<double> const& v) { return *std::max_element(v.begin(), v.end()); };
                     if (ctx.world_rank() == 0)
                       std::printf("training_stall: step %.2f ms; report() with an async checkpoint: median %.3f ms (%.2f%% of a step), "
-                                  "max %.3f ms (%.2f%%); %d steps with a checkpoint / without: %.4f (medians of %d blocks each)\n",
-                                  step_s * 1e3, median(stalls) * 1e3, 100 * median(stalls) / step_s,
-                                  *std::max_element(stalls.begin(), stalls.end()) * 1e3,
-                                  100 * *std::max_element(stalls.begin(), stalls.end()) / step_s, block_steps,
+                                  "max %.3f ms (%.2f%%); not counting the time it waited for a core (preempted): median %.3f ms "
+                                  "(%.2f%%), max %.3f ms (%.2f%%); %d steps with a checkpoint / without: %.4f (medians of %d blocks each)\n",
+                                  step_s * 1e3, median(stalls) * 1e3, 100 * median(stalls) / step_s, max_of(stalls) * 1e3,
+                                  100 * max_of(stalls) / step_s, median(held) * 1e3, 100 * median(held) / step_s,
+                                  max_of(held) * 1e3, 100 * max_of(held) / step_s, block_steps,
                                   median(with_s) / median(without_s), blocks);
                   },
                   cohort::checkpointing::keep_last{.num_to_keep = 1}}
