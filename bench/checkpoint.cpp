@@ -41,8 +41,8 @@ struct blob : torch::nn::Module {
 };
 
 /// Seconds the calling thread has spent runnable but waiting for a core (the second field of
-/// Linux's /proc/thread-self/schedstat; 0 where it cannot be read).
-/// One pread() of a file kept open per thread (a few microseconds, inside the timed window).
+/// Linux's /proc/thread-self/schedstat; 0 where it cannot be read): one pread() of a file kept
+/// open per thread, a few microseconds.
 double run_delay_seconds() {
   thread_local int const fd = ::open("/proc/thread-self/schedstat", O_RDONLY);
   char text[128] = {};
