@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <span>
 #include <cstdio>
+#include <cstdlib>
 
 #include "fashion_mnist_net.hpp"
 #include "mpi_bench.hpp"
@@ -63,8 +64,14 @@ void write_plain(std::span<char const> bytes) {
   if (g_ctx->world_rank() != 0) return;
   auto path = g_dir / "plain.bin";
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  for (std::size_t off = 0; off < bytes.size();)
-    off += static_cast<std::size_t>(::write(fd, bytes.data() + off, std::min<std::size_t>(bytes.size() - off, std::size_t{1} << 24)));
+  for (std::size_t off = 0; off < bytes.size();) {
+    auto const w = ::write(fd, bytes.data() + off, std::min<std::size_t>(bytes.size() - off, std::size_t{1} << 24));
+    if (w <= 0) {
+      std::fprintf(stderr, "bench_checkpoint: writing %s failed: check free space in $TMPDIR\n", path.c_str());
+      std::exit(1);
+    }
+    off += static_cast<std::size_t>(w);
+  }
   ::fsync(fd);
   ::close(fd);
 }

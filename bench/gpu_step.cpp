@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -108,10 +109,9 @@ nlohmann::json measure(cohort::context& ctx, std::string const& name, std::funct
   auto run_step = [x, y, bf16, dev = ctx.device()](auto& forward, torch::optim::Optimizer& opt) {
     opt.zero_grad();
     torch::Tensor l;
-    if (bf16) {
-      cohort::autocast guard(dev);
-      l = cross_entropy(forward(x), y);
-    } else {
+    {
+      std::optional<cohort::autocast> guard;  // the forward in bfloat16 where asked
+      if (bf16) guard.emplace(dev);
       l = cross_entropy(forward(x), y);
     }
     l.backward();
