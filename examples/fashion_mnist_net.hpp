@@ -55,14 +55,17 @@ inline cohort::tensor_dataset first_n(cohort::tensor_dataset const& set, std::in
   return {set.inputs.narrow(0, 0, n), set.targets.narrow(0, 0, n)};
 }
 
-/// How many of samples [lo, hi) of `set` the model classifies correctly (eval mode, no grad).
+/// How many of samples [lo, hi) of `set` the model classifies correctly (eval mode, no grad),
+/// in batches of 128: with 1000 the first convolution's output (100 MB) left the caches and the
+/// whole test set took 1.55x as long on one core (docs/benchmarks.md, "Fashion-MNIST example").
 template <class Net>
 std::int64_t count_correct(Net& net, cohort::tensor_dataset const& set, std::int64_t lo, std::int64_t hi) {
+  constexpr std::int64_t eval_batch = 128;
   net->eval();
   torch::NoGradGuard no_grad;
   std::int64_t correct = 0;
-  for (auto b = lo; b < hi; b += 1000) {
-    auto len = std::min<std::int64_t>(1000, hi - b);
+  for (auto b = lo; b < hi; b += eval_batch) {
+    auto len = std::min<std::int64_t>(eval_batch, hi - b);
     correct += net->forward(set.inputs.narrow(0, b, len)).argmax(1).eq(set.targets.narrow(0, b, len)).sum().template item<std::int64_t>();
   }
   return correct;
