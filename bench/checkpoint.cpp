@@ -14,16 +14,18 @@
 //                        the background)
 //   training_stall       the reference Fashion-MNIST CNN trained (prepared model, SGD with
 //                        momentum, batch 64 per rank) with an async checkpoint every 10 steps:
-//                        report()'s time against the mean step (also without the time the
-//                        training thread waited for a core, from /proc/thread-self/schedstat),
-//                        and the time of those steps against the same steps without
-//                        checkpoints, alternated in one run
+//                        report()'s time (median, mean, max; the slower rank's) against the
+//                        mean step, also without the time the training thread waited for a
+//                        core (/proc/thread-self/schedstat) and, ranks on one host, from the
+//                        last rank's arrival; and the time of those steps against the same
+//                        steps without checkpoints, alternated in one run
 #include <cohort/cohort.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <numeric>
 #include <span>
 #include <cstdio>
 #include <cstdlib>
@@ -188,39 +190,64 @@ int main(int argc, char** argv) {
                     };
                     for (int i = 0; i < 5; ++i) step();  // warm-up
                     constexpr int block_steps = 10, blocks = 20;
-                    std::vector<double> stalls, held, with_s, without_s;
+                    // The ranks' report() windows compare on one host only (one steady clock).
+                    MPI_Comm node;
+                    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+                    int node_size = 0;
+                    MPI_Comm_size(node, &node_size);
+                    MPI_Comm_free(&node);
+                    bool const one_host = node_size == ctx.world_size();
+                    std::vector<double> stalls, held, after_last, with_s, without_s;
+                    auto seconds = [](std::chrono::steady_clock::time_point t) {
+                      return std::chrono::duration<double>(t.time_since_epoch()).count();
+                    };
                     for (int b = 0; b < 2 * blocks; ++b) {
                       bool const checkpointed = b % 2 == 1;
-                      double times[2] = {0, 0};  // report()'s time; of it, not waiting for a core
+                      // report()'s time; of it, not waiting for a core; when it began; when it ended
+                      double times[4] = {0, 0, 0, 0};
                       double block_s = cohort_bench::slowest_seconds([&] {
                         for (int i = 0; i < block_steps; ++i) step();
                         if (!checkpointed) return;
                         // The run_delay reads inside the timed window: a preemption at the edge
                         // counts as report()'s own time, never the other way round.
-                        auto t0 = std::chrono::steady_clock::now();
+                        auto const t0 = std::chrono::steady_clock::now();
                         double const waited_before = run_delay_seconds();
                         ctx.report({{"block", b}}, cohort::checkpoint_of(model, opt));
                         double const waited = run_delay_seconds() - waited_before;
-                        times[0] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                        auto const t1 = std::chrono::steady_clock::now();
+                        times[0] = std::chrono::duration<double>(t1 - t0).count();
                         times[1] = times[0] - waited;
+                        times[2] = seconds(t0);
+                        times[3] = seconds(t1);
                       });
-                      MPI_Allreduce(MPI_IN_PLACE, times, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+                      MPI_Allreduce(MPI_IN_PLACE, times, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
                       (checkpointed ? with_s : without_s).push_back(block_s);
                       if (checkpointed) {
                         stalls.push_back(times[0]);
                         held.push_back(times[1]);
+                        // From the last rank's arrival to the last rank's return: the waits for a
+                        // rank that finished its steps later are left out (without a checkpoint
+                        // the next gradient all-reduce waits for it as long).
+                        after_last.push_back(times[3] - times[2]);
                       }
                     }
                     double const step_s = median(without_s) / block_steps;
                     auto max_of = [](std::vector<double> const& v) { return *std::max_element(v.begin(), v.end()); };
+                    auto mean_of = [](std::vector<double> const& v) { return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size()); };
                     if (ctx.world_rank() == 0)
                       std::printf("training_stall: step %.2f ms; report() with an async checkpoint: median %.3f ms (%.2f%% of a step), "
-                                  "max %.3f ms (%.2f%%); not counting the time it waited for a core (preempted): median %.3f ms "
+                                  "mean %.3f ms (%.2f%%), max %.3f ms (%.2f%%); not counting the time it waited for a core (preempted): median %.3f ms "
                                   "(%.2f%%), max %.3f ms (%.2f%%); %d steps with a checkpoint / without: %.4f (medians of %d blocks each)\n",
-                                  step_s * 1e3, median(stalls) * 1e3, 100 * median(stalls) / step_s, max_of(stalls) * 1e3,
+                                  step_s * 1e3, median(stalls) * 1e3, 100 * median(stalls) / step_s, mean_of(stalls) * 1e3,
+                                  100 * mean_of(stalls) / step_s, max_of(stalls) * 1e3,
                                   100 * max_of(stalls) / step_s, median(held) * 1e3, 100 * median(held) / step_s,
                                   max_of(held) * 1e3, 100 * max_of(held) / step_s, block_steps,
                                   median(with_s) / median(without_s), blocks);
+                    if (ctx.world_rank() == 0 && one_host)
+                      std::printf("training_stall: report() from the last rank's arrival to the last return: median %.3f ms "
+                                  "(%.2f%%), mean %.3f ms (%.2f%%), max %.3f ms (%.2f%%)\n",
+                                  median(after_last) * 1e3, 100 * median(after_last) / step_s, mean_of(after_last) * 1e3,
+                                  100 * mean_of(after_last) / step_s, max_of(after_last) * 1e3, 100 * max_of(after_last) / step_s);
                   },
                   cohort::checkpointing::keep_last{.num_to_keep = 1}}
       .fit(nlohmann::json::object(), {.name = "training", .storage_path = g_dir.string(), .verbose = 0,
