@@ -29,6 +29,7 @@
 #include <span>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "fashion_mnist_net.hpp"
 #include "mpi_bench.hpp"
@@ -58,6 +59,20 @@ double run_delay_seconds() {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+/// "median M ms (m%), mean A ms (a%), max X ms (x%)" of the times `v_s`, as shares of `step_s`.
+std::string spread(std::vector<double> const& v_s, double step_s) {
+  std::string text;
+  auto add = [&](char const* name, double s) {
+    char part[64];
+    std::snprintf(part, sizeof part, "%s%s %.3f ms (%.2f%%)", text.empty() ? "" : ", ", name, s * 1e3, 100 * s / step_s);
+    text += part;
+  };
+  add("median", median(v_s));
+  add("mean", std::accumulate(v_s.begin(), v_s.end(), 0.0) / static_cast<double>(v_s.size()));
+  add("max", *std::max_element(v_s.begin(), v_s.end()));
+  return text;
 }
 
 /// The baseline: rank 0 writes `bytes` to one file, in write()s of 16 MiB as a checkpoint does, and
@@ -191,12 +206,7 @@ int main(int argc, char** argv) {
                     for (int i = 0; i < 5; ++i) step();  // warm-up
                     constexpr int block_steps = 10, blocks = 20;
                     // The ranks' report() windows compare on one host only (one steady clock).
-                    MPI_Comm node;
-                    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-                    int node_size = 0;
-                    MPI_Comm_size(node, &node_size);
-                    MPI_Comm_free(&node);
-                    bool const one_host = node_size == ctx.world_size();
+                    bool const one_host = ctx.local_world_size() == ctx.world_size();
                     std::vector<double> stalls, held, after_last, with_s, without_s;
                     auto seconds = [](std::chrono::steady_clock::time_point t) {
                       return std::chrono::duration<double>(t.time_since_epoch()).count();
@@ -232,22 +242,14 @@ int main(int argc, char** argv) {
                       }
                     }
                     double const step_s = median(without_s) / block_steps;
-                    auto max_of = [](std::vector<double> const& v) { return *std::max_element(v.begin(), v.end()); };
-                    auto mean_of = [](std::vector<double> const& v) { return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size()); };
                     if (ctx.world_rank() == 0)
-                      std::printf("training_stall: step %.2f ms; report() with an async checkpoint: median %.3f ms (%.2f%% of a step), "
-                                  "mean %.3f ms (%.2f%%), max %.3f ms (%.2f%%); not counting the time it waited for a core (preempted): median %.3f ms "
-                                  "(%.2f%%), max %.3f ms (%.2f%%); %d steps with a checkpoint / without: %.4f (medians of %d blocks each)\n",
-                                  step_s * 1e3, median(stalls) * 1e3, 100 * median(stalls) / step_s, mean_of(stalls) * 1e3,
-                                  100 * mean_of(stalls) / step_s, max_of(stalls) * 1e3,
-                                  100 * max_of(stalls) / step_s, median(held) * 1e3, 100 * median(held) / step_s,
-                                  max_of(held) * 1e3, 100 * max_of(held) / step_s, block_steps,
+                      std::printf("training_stall: step %.2f ms; report() with an async checkpoint (shares of a step): %s; not counting the time it "
+                                  "waited for a core (preempted): %s; %d steps with a checkpoint / without: %.4f (medians of %d blocks each)\n",
+                                  step_s * 1e3, spread(stalls, step_s).c_str(), spread(held, step_s).c_str(), block_steps,
                                   median(with_s) / median(without_s), blocks);
                     if (ctx.world_rank() == 0 && one_host)
-                      std::printf("training_stall: report() from the last rank's arrival to the last return: median %.3f ms "
-                                  "(%.2f%%), mean %.3f ms (%.2f%%), max %.3f ms (%.2f%%)\n",
-                                  median(after_last) * 1e3, 100 * median(after_last) / step_s, mean_of(after_last) * 1e3,
-                                  100 * mean_of(after_last) / step_s, max_of(after_last) * 1e3, 100 * max_of(after_last) / step_s);
+                      std::printf("training_stall: report() from the last rank's arrival to the last return: %s\n",
+                                  spread(after_last, step_s).c_str());
                   },
                   cohort::checkpointing::keep_last{.num_to_keep = 1}}
       .fit(nlohmann::json::object(), {.name = "training", .storage_path = g_dir.string(), .verbose = 0,
