@@ -1,5 +1,5 @@
 // Fashion-MNIST with the reference CNN, data-parallel over MPI ranks:
-//   mpirun -np 2 ./fashion_mnist [--data DIR] [--epochs N] [--max-train N] [--storage DIR] [--name NAME]
+//   mpirun -np 2 ./fashion_mnist [--data DIR] [--epochs N] [--max-train N] [--storage DIR] [--name NAME] [--workers N]
 // Reports train loss, test accuracy and the share of time spent waiting for data each epoch; rank 0 prints the final metrics as one JSON line.
 
 #include <cohort/cohort.hpp>
@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   config cfg;
   if (char const* d = std::getenv("FASHION_MNIST_DIR")) cfg.data_dir = d;
   cohort::run_config run{.name = "", .storage_path = "cohort_results"};
+  int workers = 2;  // the rank count mpirun must start
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--data") cfg.data_dir = value;
@@ -35,8 +36,9 @@ int main(int argc, char** argv) {
     else if (flag == "--max-train") cfg.max_train = std::stoll(value);
     else if (flag == "--storage") run.storage_path = value;
     else if (flag == "--name") run.name = value;
+    else if (flag == "--workers") workers = std::stoi(value);
     else {
-      std::cerr << "unknown flag " << flag << ": use --data, --epochs, --max-train, --storage or --name\n";
+      std::cerr << "unknown flag " << flag << ": use --data, --epochs, --max-train, --storage, --name or --workers\n";
       return 2;
     }
   }
@@ -104,7 +106,7 @@ int main(int argc, char** argv) {
   };
 
   run.checkpoint_mode = cohort::checkpoint_mode::async;
-  cohort::trainer trainer{train, cohort::datasets{{"train", train_set}}, cohort::scaling::cpu{.num_workers = 2},
+  cohort::trainer trainer{train, cohort::datasets{{"train", train_set}}, cohort::scaling::cpu{.num_workers = workers},
                           cohort::sharding::shuffled{.seed = 42},
                           cohort::checkpointing::keep_best{.num_to_keep = 2, .metric = "val_test_accuracy", .order = cohort::max}};
   auto result = trainer.fit(cfg, run);

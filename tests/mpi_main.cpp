@@ -3,11 +3,12 @@
 #define CATCH_CONFIG_RUNNER
 #include "catch.hpp"
 
+#include <cohort/environment.hpp>
+
 #include <mpi.h>
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);  // as cohort::environment does
+  cohort::environment env{argc, argv};  // as a user's main does: MPI, the ranks' cores
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   Catch::Session session;
@@ -19,6 +20,5 @@ int main(int argc, char** argv) {
   int worst = rc;
   MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (rank == 0 && worst != rc) std::fprintf(stderr, "a test failed on another rank\n");
-  MPI_Finalize();
   return worst == 0 ? 0 : 1;
 }

@@ -281,6 +281,7 @@ struct report_state {
     }
     finish_validation();  // at most one in flight
     validator = std::thread([this, iteration, validate = std::move(validate)] {
+      scaling::move_to_spare_cpus();
       auto const dir = run_path / checkpointing::dir_name(iteration);
       nlohmann::json m;
       try {
@@ -373,6 +374,7 @@ struct report_state {
     }
     if (reaper.joinable()) reaper.join();  // one deletion at a time
     reaper = std::thread([trash] {
+      scaling::move_to_spare_cpus();
       std::error_code e;
       for (auto const& entry : std::filesystem::directory_iterator(trash, e)) std::filesystem::remove_all(entry.path(), e);
     });

@@ -4,8 +4,11 @@
 
 #include <mpi.h>
 
+#include <vector>
+
 #include "cohort/comm/mpi.hpp"
 #include "cohort/error.hpp"
+#include "cohort/scaling/cpu_set.hpp"
 
 namespace cohort {
 
@@ -17,6 +20,25 @@ namespace detail {
 inline int& job_ranks_on_node() {
   static int n = 0;
   return n;
+}
+
+/// Where the ranks of `node` (one node's ranks, a collective over it) are bound: every rank's
+/// binding in one allgather of 128-byte bitmaps, and the spare cores none of them is bound to.
+inline scaling::cpu_placement find_cpu_placement(MPI_Comm node) {
+  int ranks = 0;
+  MPI_Comm_size(node, &ranks);
+  scaling::cpu_placement p;
+  p.node = scaling::node_cpus();
+  p.mine = scaling::this_thread_cpus();
+  auto const mine = scaling::to_bitmap(p.mine);
+  std::vector<scaling::cpu_bitmap> all(static_cast<std::size_t>(ranks));
+  comm::detail::check_mpi(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, all.data(),
+                                        static_cast<int>(mine.size()), MPI_BYTE, node),
+                          "MPI_Allgather");
+  for (auto const& b : all) p.ranks.push_back(scaling::from_bitmap(b));
+  p.spare = scaling::spare_cpus(p.node, p.ranks);
+  p.known = true;
+  return p;
 }
 
 /// Initialises MPI with MPI_THREAD_MULTIPLE (the tuner's coordinator thread on rank 0 talks to the
@@ -31,6 +53,7 @@ inline bool ensure_mpi(int* argc, char*** argv) {
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
   MPI_Comm_size(node, &job_ranks_on_node());
+  scaling::placement() = find_cpu_placement(node);
   MPI_Comm_free(&node);
   return true;
 }

@@ -258,9 +258,12 @@ class trainer {
       if (auto e = comm::agree_on_error(control, scaling().placement_error(topo, scaling::visible_cuda_devices())))
         return fail(std::move(out), *e, rank);
     }
-    auto placed = topo;  // threads are shared by every rank of the job on this node
-    placed.local_world_size = std::max(topo.local_world_size, detail::job_ranks_on_node());
-    int threads = scaling().intra_op_threads(placed, scaling::node_cores());
+    // Cores are shared by every rank of the job on this node; a rank bound to cores (mpirun) gets
+    // its own cores, shared with the ranks bound to them.
+    auto placed = topo;
+    auto const cores = scaling::cores_of_this_rank(scaling::node_cores(), std::max(topo.local_world_size, detail::job_ranks_on_node()));
+    placed.local_world_size = cores.sharing_ranks;
+    int threads = scaling().intra_op_threads(placed, cores.cores);
 #if COHORT_WITH_TORCH
     cohort::torch_glue::set_intra_op_threads(threads);
 #endif

@@ -1,7 +1,13 @@
 #include <cohort/concepts.hpp>
+#include <cohort/detail/background.hpp>
+#include <cohort/scaling/cpu_set.hpp>
 #include <cohort/scaling/cpu.hpp>
 #include <cohort/scaling/cuda.hpp>
 #include <cohort/scaling/topology.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
 
 #include "../catch.hpp"
 
@@ -54,4 +60,59 @@ TEST_CASE("scaling::cuda puts local rank r on visible GPU r and refuses more ran
   CHECK_THAT(*policy.placement_error(t, 0), contains_text("none visible, or cohort built without cohort::nccl"));
   CHECK_THAT(*policy.check(3), contains_text("scaling::cuda{.num_workers = 4} but the job has 3 ranks"));
   CHECK_FALSE(policy.check(4));
+}
+
+TEST_CASE("CPU lists parse like Linux writes them", "[scaling][pure]") {
+  using cohort::scaling::cpu_list;
+  using cohort::scaling::parse_cpu_list;
+  CHECK(parse_cpu_list("0-3,8,10-11\n") == cpu_list{0, 1, 2, 3, 8, 10, 11});
+  CHECK(parse_cpu_list("5") == cpu_list{5});
+  CHECK(parse_cpu_list("2,0-1,1") == cpu_list{0, 1, 2});
+  CHECK(parse_cpu_list("").empty());
+  CHECK(parse_cpu_list("3-1").empty());
+  CHECK(parse_cpu_list("0-x").empty());
+  CHECK(parse_cpu_list("a,1").empty());
+}
+
+TEST_CASE("spare cores are the node's cores no local rank is bound to", "[scaling][pure]") {
+  using cohort::scaling::cpu_list;
+  cpu_list const node{0, 1, 2, 3, 4, 5, 6, 7};
+  // mpirun -np 2: one core each; six spare, each rank alone on its core.
+  CHECK(cohort::scaling::spare_cpus(node, {{0}, {1}}) == cpu_list{2, 3, 4, 5, 6, 7});
+  CHECK(cohort::scaling::ranks_sharing({0}, {{0}, {1}}) == 1);
+  // Not bound: nothing spare, every rank shares every core.
+  CHECK(cohort::scaling::spare_cpus(node, {node, node, node}).empty());
+  CHECK(cohort::scaling::ranks_sharing(node, {node, node, node}) == 3);
+  // Bound to sockets of four cores, two ranks per socket: nothing spare, two ranks per socket.
+  std::vector<cpu_list> const sockets{{0, 1, 2, 3}, {0, 1, 2, 3}, {4, 5, 6, 7}, {4, 5, 6, 7}};
+  CHECK(cohort::scaling::spare_cpus(node, sockets).empty());
+  CHECK(cohort::scaling::ranks_sharing({4, 5, 6, 7}, sockets) == 2);
+  // Every core bound (two ranks on two cores): nothing spare.
+  CHECK(cohort::scaling::spare_cpus({0, 1}, {{0}, {1}}).empty());
+  // A bitmap carries a list through one allgather.
+  cpu_list const odd{1, 63, 64, 1023};
+  CHECK(cohort::scaling::from_bitmap(cohort::scaling::to_bitmap(odd)) == odd);
+}
+
+TEST_CASE("background threads run on the node's spare cores, else on the rank's own", "[scaling][mpi]") {
+  auto const& p = cohort::scaling::placement();
+  REQUIRE(p.known);  // cohort::environment (tests/mpi_main.cpp) found it
+  CHECK(p.mine == cohort::scaling::this_thread_cpus());
+  int local = 0;
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &local);
+  MPI_Comm_free(&node);
+  CHECK(p.ranks.size() == static_cast<std::size_t>(local));
+  for (int c : p.spare)
+    for (auto const& r : p.ranks) CHECK_FALSE(std::binary_search(r.begin(), r.end(), c));
+  if (p.mine.size() < p.node.size() && local == 1) CHECK_FALSE(p.spare.empty());  // one bound rank
+  cohort::scaling::cpu_list seen;
+  {
+    cohort::detail::background_worker worker;
+    worker.start([&] { seen = cohort::scaling::this_thread_cpus(); });
+    worker.wait();
+  }
+  CHECK(seen == (p.spare.empty() ? p.mine : p.spare));
+  CHECK(cohort::scaling::this_thread_cpus() == p.mine);  // the caller stays where mpirun put it
 }

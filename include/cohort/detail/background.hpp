@@ -16,6 +16,8 @@
 #include <thread>
 #include <utility>
 
+#include "cohort/scaling/cpu_set.hpp"
+
 namespace cohort::detail {
 
 /// Makes the calling thread a batch thread (Linux SCHED_BATCH): it still gets its fair share of
@@ -79,6 +81,7 @@ class background_worker {
 
  private:
   void loop() {
+    scaling::move_to_spare_cpus();
     yield_on_wakeup();
     sigset_t stop_signals;
     sigemptyset(&stop_signals);

@@ -14,7 +14,9 @@ namespace cohort::scaling {
 
 /// One worker per MPI rank, on the CPU.
 /// `num_workers`: the number of ranks the job must have (0: whatever it was launched with).
-/// `threads_per_worker`: LibTorch intra-op threads per rank (0: cores of the node / ranks of the job on it).
+/// `threads_per_worker`: LibTorch intra-op threads per rank (0: the cores the rank may run on / the
+/// ranks of the job that share them: cores of the node / ranks on it when mpirun does not bind,
+/// the rank's own cores when it binds each rank to its own; scaling/cpu_set.hpp).
 struct cpu {
   int num_workers = 0;
   int threads_per_worker = 0;

@@ -166,6 +166,7 @@ class data_loader {
     }
 
     void produce() {
+      scaling::move_to_spare_cpus();
       for (std::int64_t b = next_make_; b < total_; ++b) {
         std::string err;
         std::optional<cohort::batch> made;

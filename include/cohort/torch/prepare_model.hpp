@@ -252,6 +252,7 @@ class nccl_buckets final : public device_buckets {
   }
 
   void watch() {
+    scaling::move_to_spare_cpus();
     cudaSetDevice(device_);  // else its CUDA calls would make a context on device 0
     std::unique_lock lock(mutex_);
     for (;;) {
@@ -547,6 +548,7 @@ class gradient_reducer {
 
   /// The communication thread: reduces buckets in the order they were queued.
   void work() {
+    scaling::move_to_spare_cpus();
     std::unique_lock lock(mutex_);
     for (;;) {
       wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });

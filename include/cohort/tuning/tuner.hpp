@@ -666,7 +666,11 @@ class tuner {
     if (auto e = comm::agree_on_error(world, err)) return fail(std::move(out), *e, rank);
 
     std::thread server;
-    if (rank == 0) server = std::thread([&] { coord->serve(); });
+    if (rank == 0)
+      server = std::thread([&] {
+        scaling::move_to_spare_cpus();
+        coord->serve();
+      });
     comm::mpi group = world.split(rank / per, rank);
     bool const leader = group.rank() == 0;
 

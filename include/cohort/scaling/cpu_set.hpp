@@ -1,0 +1,175 @@
+#pragma once
+/// \file
+/// Which cores a rank and its background threads run on. `mpirun` binds each rank to cores
+/// (Open MPI: one core per rank when it starts two or fewer, else a socket), and every thread a
+/// rank starts inherits that binding: the checkpoint writer, the validation, the data loader's
+/// producer and the all-reduce thread would all share the training thread's core while other
+/// cores of the node stay idle. cohort finds the cores no rank of the job on this node is bound
+/// to (the spare cores) when it initialises MPI and runs its background threads there; with none
+/// spare they stay on the rank's own cores, as before. The decisions are pure functions.
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cstddef>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
+
+namespace cohort::scaling {
+
+/// CPU numbers, ascending, no duplicates.
+using cpu_list = std::vector<int>;
+
+/// Pure: the CPUs of a Linux CPU list ("0-3,8,10-11", as in /sys/devices/system/cpu/online or
+/// cpuset.cpus.effective); empty when `text` is empty or malformed.
+inline cpu_list parse_cpu_list(std::string_view text) {
+  cpu_list out;
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
+  while (!text.empty()) {
+    auto const comma = text.find(',');
+    auto const item = text.substr(0, comma);
+    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
+    auto const dash = item.find('-');
+    auto number = [](std::string_view s, int& v) {
+      auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+      return ec == std::errc{} && end == s.data() + s.size() && v >= 0;
+    };
+    int lo = 0, hi = 0;
+    if (!number(item.substr(0, dash), lo)) return {};
+    if (dash == std::string_view::npos) hi = lo;
+    else if (!number(item.substr(dash + 1), hi) || hi < lo) return {};
+    for (int c = lo; c <= hi; ++c) out.push_back(c);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+/// Pure: the CPUs of `node` that none of `ranks` (each rank's binding, this node's ranks) may
+/// run on. Empty when every core is bound, or when the ranks are not bound at all.
+inline cpu_list spare_cpus(cpu_list const& node, std::vector<cpu_list> const& ranks) {
+  cpu_list out;
+  for (int c : node)
+    if (std::none_of(ranks.begin(), ranks.end(), [c](cpu_list const& r) { return std::binary_search(r.begin(), r.end(), c); }))
+      out.push_back(c);
+  return out;
+}
+
+/// Pure: how many of `ranks` may run on at least one CPU of `mine` (this rank's own binding
+/// among them): the ranks that share its cores.
+inline int ranks_sharing(cpu_list const& mine, std::vector<cpu_list> const& ranks) {
+  return static_cast<int>(std::count_if(ranks.begin(), ranks.end(), [&](cpu_list const& r) {
+    return std::any_of(r.begin(), r.end(), [&](int c) { return std::binary_search(mine.begin(), mine.end(), c); });
+  }));
+}
+
+/// A CPU list as a fixed-size bitmap (CPUs below 1024, Linux's CPU_SETSIZE), for one allgather.
+using cpu_bitmap = std::array<unsigned char, 128>;
+
+/// Pure: `cpus` as a bitmap (CPUs from 1024 on are left out).
+inline cpu_bitmap to_bitmap(cpu_list const& cpus) {
+  cpu_bitmap b{};
+  for (int c : cpus)
+    if (c >= 0 && c < 1024) b[static_cast<std::size_t>(c / 8)] |= static_cast<unsigned char>(1u << (c % 8));
+  return b;
+}
+
+/// Pure: the CPUs set in `b`.
+inline cpu_list from_bitmap(cpu_bitmap const& b) {
+  cpu_list out;
+  for (int c = 0; c < 1024; ++c)
+    if (b[static_cast<std::size_t>(c / 8)] & (1u << (c % 8))) out.push_back(c);
+  return out;
+}
+
+/// Where the job's ranks on this node run, found when cohort initialised MPI: the node's CPUs,
+/// this rank's binding, every local rank's binding and the spare CPUs. `known` is false when
+/// MPI was initialised by someone else (then nothing is moved and thread counts use the node's
+/// cores).
+struct cpu_placement {
+  bool known = false;
+  cpu_list node;                ///< the CPUs this node lets the job use
+  cpu_list mine;                ///< this rank's binding (the main thread's affinity at MPI init)
+  std::vector<cpu_list> ranks;  ///< the binding of every rank of the job on this node
+  cpu_list spare;               ///< spare_cpus(node, ranks): where background threads run
+};
+
+/// This process's placement (filled once by cohort::environment's MPI initialisation).
+inline cpu_placement& placement() {
+  static cpu_placement p;
+  return p;
+}
+
+/// The CPUs the calling thread may run on (Linux: its affinity; elsewhere: 0..n-1).
+inline cpu_list this_thread_cpus() {
+  cpu_list out;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (pthread_getaffinity_np(pthread_self(), sizeof set, &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) out.push_back(c);
+    return out;
+  }
+#endif
+  for (int c = 0; c < static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); ++c) out.push_back(c);
+  return out;
+}
+
+/// The CPUs of this node the job may use: the cgroup's cpuset (containers, Slurm), else the
+/// online CPUs, else 0..hardware_concurrency-1.
+inline cpu_list node_cpus() {
+  for (char const* path : {"/sys/fs/cgroup/cpuset.cpus.effective", "/sys/devices/system/cpu/online"}) {
+    std::ifstream in(path);
+    std::string text;
+    if (in && std::getline(in, text))
+      if (auto cpus = parse_cpu_list(text); !cpus.empty()) return cpus;
+  }
+  cpu_list out;
+  for (int c = 0; c < static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); ++c) out.push_back(c);
+  return out;
+}
+
+/// Binds the calling thread to `cpus` (Linux; best effort: nothing happens when `cpus` is empty
+/// or the kernel refuses).
+inline void run_this_thread_on(cpu_list const& cpus) {
+#if defined(__linux__)
+  if (cpus.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus)
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+#else
+  (void)cpus;
+#endif
+}
+
+/// Called first by each of cohort's background threads (checkpoint writer, validation,
+/// deletion, progress printer, data loader producer, all-reduce thread, tuner coordinator):
+/// moves it to the node's spare CPUs, if there are any.
+inline void move_to_spare_cpus() { run_this_thread_on(placement().spare); }
+
+/// The cores this rank's intra-op threads may use and how many ranks of the node share them.
+struct rank_cores {
+  int cores = 1;
+  int sharing_ranks = 1;
+};
+
+/// This rank's binding and the local ranks bound to any of its cores (unbound ranks: the
+/// node's cores and all of them); `node_cores` and `local_ranks` when the placement is not known.
+inline rank_cores cores_of_this_rank(int node_cores, int local_ranks) {
+  auto const& p = placement();
+  if (!p.known || p.mine.empty()) return {node_cores, local_ranks};
+  return {static_cast<int>(p.mine.size()), std::max(1, ranks_sharing(p.mine, p.ranks))};
+}
+
+}  // namespace cohort::scaling
