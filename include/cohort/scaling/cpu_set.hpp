@@ -31,6 +31,10 @@ using cpu_list = std::vector<int>;
 /// Pure: the CPUs of a Linux CPU list ("0-3,8,10-11", as in /sys/devices/system/cpu/online or
 /// cpuset.cpus.effective); empty when `text` is empty or malformed.
 inline cpu_list parse_cpu_list(std::string_view text) {
+  auto number = [](std::string_view s, int& v) {  // all of `s`, a CPU number
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    return ec == std::errc{} && end == s.data() + s.size() && v >= 0;
+  };
   cpu_list out;
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
   while (!text.empty()) {
@@ -38,10 +42,6 @@ inline cpu_list parse_cpu_list(std::string_view text) {
     auto const item = text.substr(0, comma);
     text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
     auto const dash = item.find('-');
-    auto number = [](std::string_view s, int& v) {
-      auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-      return ec == std::errc{} && end == s.data() + s.size() && v >= 0;
-    };
     int lo = 0, hi = 0;
     if (!number(item.substr(0, dash), lo)) return {};
     if (dash == std::string_view::npos) hi = lo;
@@ -108,10 +108,17 @@ inline cpu_placement& placement() {
   return p;
 }
 
-/// The CPUs the calling thread may run on (Linux: its affinity; elsewhere: 0..n-1).
-inline cpu_list this_thread_cpus() {
+/// CPUs 0..hardware_concurrency-1 (at least CPU 0): where nothing better is known.
+inline cpu_list first_cpus() {
   cpu_list out;
+  for (int c = 0; c < static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); ++c) out.push_back(c);
+  return out;
+}
+
+/// The CPUs the calling thread may run on (Linux: its affinity; elsewhere: first_cpus()).
+inline cpu_list this_thread_cpus() {
 #if defined(__linux__)
+  cpu_list out;
   cpu_set_t set;
   CPU_ZERO(&set);
   if (pthread_getaffinity_np(pthread_self(), sizeof set, &set) == 0) {
@@ -120,12 +127,11 @@ inline cpu_list this_thread_cpus() {
     return out;
   }
 #endif
-  for (int c = 0; c < static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); ++c) out.push_back(c);
-  return out;
+  return first_cpus();
 }
 
 /// The CPUs of this node the job may use: the cgroup's cpuset (containers, Slurm), else the
-/// online CPUs, else 0..hardware_concurrency-1.
+/// online CPUs, else first_cpus().
 inline cpu_list node_cpus() {
   for (char const* path : {"/sys/fs/cgroup/cpuset.cpus.effective", "/sys/devices/system/cpu/online"}) {
     std::ifstream in(path);
@@ -133,9 +139,7 @@ inline cpu_list node_cpus() {
     if (in && std::getline(in, text))
       if (auto cpus = parse_cpu_list(text); !cpus.empty()) return cpus;
   }
-  cpu_list out;
-  for (int c = 0; c < static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); ++c) out.push_back(c);
-  return out;
+  return first_cpus();
 }
 
 /// Binds the calling thread to `cpus` (Linux; best effort: nothing happens when `cpus` is empty
@@ -168,7 +172,7 @@ struct rank_cores {
 /// node's cores and all of them); `node_cores` and `local_ranks` when the placement is not known.
 inline rank_cores cores_of_this_rank(int node_cores, int local_ranks) {
   auto const& p = placement();
-  if (!p.known || p.mine.empty()) return {node_cores, local_ranks};
+  if (!p.known) return {node_cores, local_ranks};
   return {static_cast<int>(p.mine.size()), std::max(1, ranks_sharing(p.mine, p.ranks))};
 }
 
