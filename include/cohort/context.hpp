@@ -30,6 +30,7 @@
 #include "cohort/comm/any.hpp"
 #include "cohort/comm/collectives.hpp"
 #include "cohort/detail/background.hpp"
+#include "cohort/detail/thread_name.hpp"
 #include "cohort/error.hpp"
 #include "cohort/report/console.hpp"
 #include "cohort/report/run_directory.hpp"
@@ -80,7 +81,10 @@ using report_listener = std::function<nlohmann::json(nlohmann::json const& row)>
 struct report_state {
   std::optional<report::run_directory> dir;  ///< only on rank 0
   std::string name;
-  std::optional<report::console_printer> console;  ///< rank 0 with verbose > 0: the progress lines
+  /// The rank's one background thread for reports: progress lines and async checkpoint writes,
+  /// in order (one wake-up per report). The writer thread makes no MPI call.
+  detail::background_worker worker{"cohort-writer"};
+  std::optional<report::console_printer> console;  ///< rank 0 with verbose > 0: the progress lines, on `worker`
   int rank = 0;
   std::filesystem::path run_path;
   std::string staging_prefix;  ///< unique per attempt: staging directories never collide
@@ -94,9 +98,8 @@ struct report_state {
   std::vector<checkpointing::record> checkpoints;  ///< rank 0: retained, oldest first
   checkpoint_mode mode = checkpoint_mode::sync;
   report_listener listener;  ///< set (on every rank) when a tuner runs this fit as a trial
-  // Async mode: the checkpoint this rank's writer is writing, and the one written on every rank
-  // (agreed) that rank 0 commits next. The writer thread makes no MPI call.
-  detail::background_worker worker;
+  // Async mode: the checkpoint this rank's writer (`worker`) is writing, and the one written on
+  // every rank (agreed) that rank 0 commits next.
   std::string worker_error;
   struct pending_checkpoint {
     std::int64_t iteration = 0;
@@ -193,12 +196,15 @@ struct report_state {
     if (mode == checkpoint_mode::async) {
       settle_writes();  // at most one checkpoint in flight
       if (payload.snapshot) payload.snapshot(rank);  // copies (or defers them): training may go on now
-      // The collective first, while the ranks are still in step: rank 0's work below (handing
-      // the write over, result.json, the console) then holds up no other rank.
+      // The collective first, while the ranks are still in step: rank 0's work below (result.json,
+      // the console, handing the write over) then holds up no other rank.
       std::int32_t const signal = agreed_stop_signal();
+      pending_checkpoint next{iteration, row, validate};
+      // The progress line before the write: both go to `worker`, so this report wakes one thread.
+      record(std::move(row));
       auto commit_first = rank == 0 ? std::exchange(to_commit, std::nullopt) : std::nullopt;
       to_commit.reset();
-      writing = pending_checkpoint{iteration, row, validate};
+      writing = std::move(next);
       worker.start([this, commit_first, iteration, payload] {
         // The deferred copies first: the training thread's next optimizer step waits for them.
         try {
@@ -213,7 +219,6 @@ struct report_state {
           if (worker_error.empty()) worker_error = e.what();
         }
       });
-      record(std::move(row));
       if (signal != 0) {  // this checkpoint is the preemption's: committed before stopping
         flush();
         throw preempted{signal, count};
@@ -244,7 +249,7 @@ struct report_state {
   /// Async mode: waits for this rank's writer, agrees on its outcome, and commits what is still
   /// pending. Collective; fit() calls it after the functor returns. A no-op in sync mode.
   void flush() {
-    if (mode != checkpoint_mode::async || (!worker.busy() && !writing && !to_commit)) return;  // same on every rank
+    if (mode != checkpoint_mode::async || (!writing && !to_commit)) return;  // same on every rank
     settle_writes();
     std::optional<std::string> err;
     if (rank == 0 && to_commit) {
@@ -281,6 +286,7 @@ struct report_state {
     }
     finish_validation();  // at most one in flight
     validator = std::thread([this, iteration, validate = std::move(validate)] {
+      cohort::detail::name_this_thread("cohort-validate");
       scaling::move_to_spare_cpus();
       auto const dir = run_path / checkpointing::dir_name(iteration);
       nlohmann::json m;
@@ -335,7 +341,7 @@ struct report_state {
 
   /// Joins the writer and agrees on its outcome; what it wrote becomes rank 0's next commit.
   void settle_writes() {
-    if (!worker.busy() && !writing) return;
+    if (!writing) return;
     worker.wait();
     std::optional<std::string> err;
     if (!worker_error.empty()) err = std::exchange(worker_error, std::string{});
@@ -374,6 +380,7 @@ struct report_state {
     }
     if (reaper.joinable()) reaper.join();  // one deletion at a time
     reaper = std::thread([trash] {
+      cohort::detail::name_this_thread("cohort-reaper");
       scaling::move_to_spare_cpus();
       std::error_code e;
       for (auto const& entry : std::filesystem::directory_iterator(trash, e)) std::filesystem::remove_all(entry.path(), e);

@@ -237,7 +237,7 @@ class trainer {
     if (!err && rank == 0) {
       try {
         reports.dir.emplace(run_path, nlohmann::json::parse(config_text));
-        if (run.verbose > 0) reports.console.emplace();  // a thread: its failure is agreed on below
+        if (run.verbose > 0) reports.console.emplace(reports.worker);  // starts the thread: its failure is agreed on below
         resume_text = find_resume_point(run, run_path, reports).dump();
       } catch (std::exception const& e) {
         err = e.what();

@@ -88,8 +88,9 @@ TEST_CASE("the console printer writes every line, in order, by drain() and by it
   int const fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   ::dup2(fd, STDOUT_FILENO);
   std::string after_drain;
+  cohort::detail::background_worker worker{"test-printer"};
   {
-    cohort::report::console_printer console;
+    cohort::report::console_printer console{worker};
     for (int i = 0; i < 200; ++i) console.print("line " + std::to_string(i));
     console.drain();
     after_drain = slurp(file);

@@ -6,6 +6,7 @@
 #include <cohort/scaling/topology.hpp>
 
 #include <mpi.h>
+#include <pthread.h>
 
 #include <algorithm>
 
@@ -108,11 +109,16 @@ TEST_CASE("background threads run on the node's spare cores, else on the rank's 
     for (auto const& r : p.ranks) CHECK_FALSE(std::binary_search(r.begin(), r.end(), c));
   if (p.mine.size() < p.node.size() && local == 1) CHECK_FALSE(p.spare.empty());  // one bound rank
   cohort::scaling::cpu_list seen;
+  char name[16] = {};
   {
-    cohort::detail::background_worker worker;
-    worker.start([&] { seen = cohort::scaling::this_thread_cpus(); });
+    cohort::detail::background_worker worker{"cohort-test"};
+    worker.start([&] {
+      seen = cohort::scaling::this_thread_cpus();
+      pthread_getname_np(pthread_self(), name, sizeof name);
+    });
     worker.wait();
   }
   CHECK(seen == (p.spare.empty() ? p.mine : p.spare));
+  CHECK(std::string(name) == "cohort-test");  // top -H and perf tell it from the training thread
   CHECK(cohort::scaling::this_thread_cpus() == p.mine);  // the caller stays where mpirun put it
 }

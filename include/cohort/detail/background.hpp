@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// One long-lived background thread that runs jobs in order: the async checkpoint writer, the
-/// progress-line printer.
+/// One long-lived background thread that runs jobs in order: a rank's async checkpoint writes and
+/// progress lines share one (report_state::worker).
 /// Handing a job to a waiting thread costs a wake-up, where starting a thread per job cost a
 /// clone() and, on busy cores, sometimes milliseconds before the caller ran again.
 
@@ -16,6 +16,7 @@
 #include <thread>
 #include <utility>
 
+#include "cohort/detail/thread_name.hpp"
 #include "cohort/scaling/cpu_set.hpp"
 
 namespace cohort::detail {
@@ -31,12 +32,16 @@ inline void yield_on_wakeup() {
 #endif
 }
 
-/// One long-lived thread that runs the jobs given to it one after another, in order: the async
-/// checkpoint writer (one job in flight) and the progress-line printer (a queue of lines).
+/// One long-lived thread that runs the jobs given to it one after another, in order: a rank's
+/// progress lines and its async checkpoint writes (one in flight), on one thread so that a report
+/// wakes one thread. Waking a second batch thread while the first still waits for the core makes
+/// Linux (EEVDF) preempt the waking thread once its slice is spent: the training thread lost its
+/// core inside report() for 0.4-4 ms (docs/benchmarks.md, tenth session).
 /// SIGTERM/SIGINT are blocked on it, so they reach the training thread's handler instead.
 class background_worker {
  public:
-  background_worker() = default;
+  /// `name` names the thread (15 characters at most are kept), e.g. "cohort-writer".
+  explicit background_worker(char const* name) : name_(name) {}
   background_worker(background_worker const&) = delete;
   background_worker& operator=(background_worker const&) = delete;
   ~background_worker() {
@@ -60,27 +65,20 @@ class background_worker {
     {
       std::lock_guard lock(mutex_);
       jobs_.push_back(std::move(job));
-      started_ = true;
     }
     warm_up();
     wake_.notify_all();
   }
 
-  /// Blocks until every started job has returned; afterwards !busy().
+  /// Blocks until every started job has returned.
   void wait() {
     std::unique_lock lock(mutex_);
     idle_.wait(lock, [&] { return jobs_.empty() && !running_; });
-    started_ = false;
-  }
-
-  /// True from start() until wait().
-  bool busy() const {
-    std::lock_guard lock(mutex_);
-    return started_;
   }
 
  private:
   void loop() {
+    name_this_thread(name_);
     scaling::move_to_spare_cpus();
     yield_on_wakeup();
     sigset_t stop_signals;
@@ -104,11 +102,11 @@ class background_worker {
     }
   }
 
+  char const* name_;
   mutable std::mutex mutex_;
   std::condition_variable wake_, idle_;
   std::deque<std::function<void()>> jobs_;
   bool running_ = false;
-  bool started_ = false;
   bool stop_ = false;
   std::thread thread_;
 };

@@ -35,13 +35,18 @@ inline std::string progress_line(std::string const& name, nlohmann::json const& 
   return line;
 }
 
-/// Writes lines to stdout on its own (batch) thread, in order, so that a report does not wait
-/// for the write: under mpirun stdout is a pipe, and the write wakes mpirun, which on busy
-/// cores took the core from the training thread for up to 3 ms (docs/benchmarks.md). drain() and
-/// the destructor return once every line given so far is written.
+/// Writes lines to stdout on a background (batch) thread, in order, so that a report does not
+/// wait for the write: under mpirun stdout is a pipe, and the write wakes mpirun, which on busy
+/// cores took the core from the training thread for up to 3 ms (docs/benchmarks.md). The thread
+/// is `worker`, shared with the rank's async checkpoint writes (a line queued after a write is
+/// printed once the write is done); it must outlive the printer. drain() and the destructor
+/// return once every line given so far is written.
 class console_printer {
  public:
-  console_printer() { worker_.warm_up(); }
+  explicit console_printer(cohort::detail::background_worker& worker) : worker_(worker) { worker_.warm_up(); }
+  console_printer(console_printer const&) = delete;
+  console_printer& operator=(console_printer const&) = delete;
+  ~console_printer() { drain(); }
 
   /// Queues `line` (a newline is added).
   void print(std::string line) {
@@ -51,11 +56,11 @@ class console_printer {
     });
   }
 
-  /// Blocks until every line queued so far is written and flushed.
+  /// Blocks until every line queued so far is written and flushed (and the jobs queued before them).
   void drain() { worker_.wait(); }
 
  private:
-  cohort::detail::background_worker worker_;
+  cohort::detail::background_worker& worker_;
 };
 
 }  // namespace cohort::report

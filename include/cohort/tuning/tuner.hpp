@@ -31,6 +31,7 @@
 #include "cohort/comm/collectives.hpp"
 #include "cohort/comm/mpi.hpp"
 #include "cohort/concepts.hpp"
+#include "cohort/detail/thread_name.hpp"
 #include "cohort/environment.hpp"
 #include "cohort/report/run_directory.hpp"
 #include "cohort/report/trial_table.hpp"
@@ -668,6 +669,7 @@ class tuner {
     std::thread server;
     if (rank == 0)
       server = std::thread([&] {
+        cohort::detail::name_this_thread("cohort-tuner");
         scaling::move_to_spare_cpus();
         coord->serve();
       });
