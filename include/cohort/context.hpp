@@ -8,6 +8,7 @@
 #include <ctime>
 #include <any>
 #include <atomic>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -130,12 +131,15 @@ struct report_state {
     return metrics;
   }
 
-  void record(nlohmann::json row) {
+  /// Counts the report; rank 0 appends it to the run directory and prints its progress line, or,
+  /// given `line`, leaves the line there for the caller's job on `worker` to print.
+  void record(nlohmann::json row, std::string* line = nullptr) {
     ++count;
     ++reports_this_attempt;
     if (!dir) return;
     dir->append(row);
-    if (console) console->print(report::progress_line(name, row));
+    if (console && line) *line = report::progress_line(name, row);
+    else if (console) console->print(report::progress_line(name, row));
     if (listener && !history.empty()) history.back() = std::move(row);  // under a tuner, which keeps the history
     else history.push_back(std::move(row));
   }
@@ -200,18 +204,27 @@ struct report_state {
       // the console, handing the write over) then holds up no other rank.
       std::int32_t const signal = agreed_stop_signal();
       pending_checkpoint next{iteration, row, validate};
-      // The progress line before the write: both go to `worker`, so this report wakes one thread.
-      record(std::move(row));
+      // The progress line is printed by the write's job, so this report wakes one thread. A
+      // failure here (result.json on a full disk) is thrown after the job is handed over: the
+      // checkpoint to commit is committed and the step gate opened, as on every other rank.
+      std::string line;
+      std::exception_ptr record_error;
+      try {
+        record(std::move(row), &line);
+      } catch (...) {
+        record_error = std::current_exception();
+      }
       auto commit_first = rank == 0 ? std::exchange(to_commit, std::nullopt) : std::nullopt;
       to_commit.reset();
       writing = std::move(next);
-      worker.start([this, commit_first, iteration, payload] {
+      worker.start([this, commit_first, iteration, payload, line = std::move(line)] {
         // The deferred copies first: the training thread's next optimizer step waits for them.
         try {
           if (payload.finish_snapshot) payload.finish_snapshot();
         } catch (std::exception const& e) {
           worker_error = std::string("checkpoint ") + checkpointing::dir_name(iteration) + " was not written: " + e.what();
         }
+        if (!line.empty()) report::console_printer::write_line(line);
         try {
           if (commit_first) commit_now(commit_first->iteration, commit_first->row, commit_first->validate);
           if (worker_error.empty()) write_now(iteration, payload);
@@ -219,6 +232,7 @@ struct report_state {
           if (worker_error.empty()) worker_error = e.what();
         }
       });
+      if (record_error) std::rethrow_exception(record_error);
       if (signal != 0) {  // this checkpoint is the preemption's: committed before stopping
         flush();
         throw preempted{signal, count};
@@ -343,10 +357,11 @@ struct report_state {
   void settle_writes() {
     if (!writing) return;
     worker.wait();
+    auto written = std::exchange(writing, std::nullopt);  // settled either way: a failed write is never committed
     std::optional<std::string> err;
     if (!worker_error.empty()) err = std::exchange(worker_error, std::string{});
     if (auto e = agree_on(err)) throw cohort::error(*e);
-    if (writing) to_commit = std::exchange(writing, std::nullopt);
+    to_commit = std::move(written);
   }
 
   /// Rank 0, holding checkpoints_mutex: deletes the committed checkpoints the policy does not keep.

@@ -230,14 +230,20 @@ class trainer {
     reports.run_path = run_path;
     reports.control = &control;
     reports.mode = run.checkpoint_mode;
-    if (reports.mode == checkpoint_mode::async) reports.worker.warm_up();
     reports.listener = std::move(listener);
     reports.retain = [policy = checkpointing()](std::span<cohort::checkpointing::record const> all) { return policy.retain(all); };
     std::string resume_text;  // rank 0: {"path", "iteration"} of the checkpoint to resume from
+    if (!err && reports.mode == checkpoint_mode::async) {
+      try {
+        reports.worker.warm_up();  // a thread: its failure is agreed on below
+      } catch (std::exception const& e) {
+        err = e.what();
+      }
+    }
     if (!err && rank == 0) {
       try {
         reports.dir.emplace(run_path, nlohmann::json::parse(config_text));
-        if (run.verbose > 0) reports.console.emplace(reports.worker);  // starts the thread: its failure is agreed on below
+        if (run.verbose > 0) reports.console.emplace(reports.worker);  // starts the thread if async did not: agreed on below
         resume_text = find_resume_point(run, run_path, reports).dump();
       } catch (std::exception const& e) {
         err = e.what();
@@ -299,13 +305,18 @@ class trainer {
     } catch (...) {
       failure = "unknown exception";
     }
-    if (reports.console) reports.console->drain();  // the progress lines before any error or result
     // Completion: [failed, max reports, -min reports]; the failed rank waits at most
     // abort_timeout_ms for the others, then aborts the job rather than hang.
     std::int64_t status[3] = {failure ? 1 : 0, reports.reports_this_attempt, -reports.reports_this_attempt};
     auto req = control.iallreduce(status, 3, comm::reduce_op::max);
-    if (failure) wait_or_abort(req, run.abort_timeout_ms, rank, *failure);
-    else req.wait();
+    // The progress lines before any error or result. They share a thread with async checkpoint
+    // writes, so after a failure a write may still be in flight: the completion is tested (and
+    // so progresses) meanwhile, and the other ranks' abort_timeout_ms does not run out on it.
+    bool completed = false;
+    if (reports.console)
+      while (!reports.worker.wait_for(std::chrono::milliseconds(1))) completed = completed || req.test();
+    if (!completed && failure) wait_or_abort(req, run.abort_timeout_ms, rank, *failure);
+    else if (!completed) req.wait();
     if (status[0] != 0) {
       auto e = comm::agree_on_error(control, failure);
       out.preempted = preempted;

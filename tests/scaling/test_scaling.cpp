@@ -114,11 +114,15 @@ TEST_CASE("background threads run on the node's spare cores, else on the rank's 
     cohort::detail::background_worker worker{"cohort-test"};
     worker.start([&] {
       seen = cohort::scaling::this_thread_cpus();
+#ifdef __linux__
       pthread_getname_np(pthread_self(), name, sizeof name);
+#endif
     });
     worker.wait();
   }
   CHECK(seen == (p.spare.empty() ? p.mine : p.spare));
+#ifdef __linux__
   CHECK(std::string(name) == "cohort-test");  // top -H and perf tell it from the training thread
+#endif
   CHECK(cohort::scaling::this_thread_cpus() == p.mine);  // the caller stays where mpirun put it
 }

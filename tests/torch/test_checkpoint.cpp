@@ -4,7 +4,13 @@
 
 #include "../small_net.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 #include <future>
+#include <thread>
 
 #include "../catch.hpp"
 #include "../support.hpp"
@@ -262,6 +268,46 @@ TEST_CASE("async checkpoints are written while training goes on, and all are com
       in >> ok;
       CHECK(ok == 1);  // the write finished after report() had returned
     }
+}
+
+TEST_CASE("in async mode the progress lines come out in report order, each once, by the end of fit", "[torch][checkpoint][mpi]") {
+  // Rank 0's lines share the writer's thread: a checkpointed report's line is printed by its
+  // write's job, the others are queued behind it.
+  auto storage = cohort_test::scratch("async_lines");
+  std::filesystem::create_directories(storage);
+  auto const out = storage / ("stdout_" + std::to_string(cohort_test::world_rank()) + ".txt");
+  std::fflush(stdout);
+  int const saved = ::dup(STDOUT_FILENO);
+  int const fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  REQUIRE(fd >= 0);
+  ::dup2(fd, STDOUT_FILENO);
+  auto config = run(storage, "lines", cohort::checkpoint_mode::async);
+  config.verbose = 1;
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+             for (int k = 0; k < 6; ++k) {
+               if (k % 2 == 0) {
+                 ctx.report({{"k", k}}, cohort::checkpoint_payload{[](std::filesystem::path const& dir, int) {
+                              std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a slow write
+                              std::ofstream(dir / "w.txt") << 1;
+                            }});
+               } else {
+                 ctx.report({{"k", k}});
+               }
+             }
+           }}.fit(nlohmann::json::object(), config);
+  std::fflush(stdout);
+  ::dup2(saved, STDOUT_FILENO);
+  ::close(saved);
+  ::close(fd);
+  REQUIRE(r.ok());
+  std::vector<int> iterations;
+  std::ifstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    auto const at = line.find(" iter ");
+    if (line.rfind("[cohort] lines", 0) == 0 && at != std::string::npos) iterations.push_back(std::stoi(line.substr(at + 6)));
+  }
+  if (cohort_test::world_rank() == 0) CHECK(iterations == std::vector<int>{1, 2, 3, 4, 5, 6});
+  else CHECK(iterations.empty());
 }
 
 TEST_CASE("async validation merges its metrics into the right checkpoint and best-K ranks by them", "[torch][checkpoint][mpi]") {

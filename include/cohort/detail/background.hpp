@@ -8,11 +8,13 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <csignal>
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -40,8 +42,8 @@ inline void yield_on_wakeup() {
 /// SIGTERM/SIGINT are blocked on it, so they reach the training thread's handler instead.
 class background_worker {
  public:
-  /// `name` names the thread (15 characters at most are kept), e.g. "cohort-writer".
-  explicit background_worker(char const* name) : name_(name) {}
+  /// `name` names the thread, e.g. "cohort-writer" (cut to the 15 characters Linux allows).
+  explicit background_worker(std::string_view name) { name.copy(name_, sizeof name_ - 1); }
   background_worker(background_worker const&) = delete;
   background_worker& operator=(background_worker const&) = delete;
   ~background_worker() {
@@ -76,6 +78,13 @@ class background_worker {
     idle_.wait(lock, [&] { return jobs_.empty() && !running_; });
   }
 
+  /// wait() for at most `timeout`: true when every started job has returned.
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> timeout) {
+    std::unique_lock lock(mutex_);
+    return idle_.wait_for(lock, timeout, [&] { return jobs_.empty() && !running_; });
+  }
+
  private:
   void loop() {
     name_this_thread(name_);
@@ -102,7 +111,7 @@ class background_worker {
     }
   }
 
-  char const* name_;
+  char name_[16] = {};
   mutable std::mutex mutex_;
   std::condition_variable wake_, idle_;
   std::deque<std::function<void()>> jobs_;

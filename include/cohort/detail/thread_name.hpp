@@ -8,7 +8,8 @@
 
 namespace cohort::detail {
 
-/// Names the calling thread (Linux keeps the first 15 characters). Best effort.
+/// Names the calling thread: at most 15 characters (Linux refuses a longer name, and the thread
+/// keeps the program's). Best effort.
 inline void name_this_thread(char const* name) {
 #ifdef __linux__
   (void)pthread_setname_np(pthread_self(), name);

@@ -39,8 +39,9 @@ inline std::string progress_line(std::string const& name, nlohmann::json const& 
 /// wait for the write: under mpirun stdout is a pipe, and the write wakes mpirun, which on busy
 /// cores took the core from the training thread for up to 3 ms (docs/benchmarks.md). The thread
 /// is `worker`, shared with the rank's async checkpoint writes (a line queued after a write is
-/// printed once the write is done); it must outlive the printer. drain() and the destructor
-/// return once every line given so far is written.
+/// printed once the write is done; a checkpointed report's line is printed by its write's job);
+/// it must outlive the printer. drain() and the destructor return once every line given so far
+/// is written.
 class console_printer {
  public:
   explicit console_printer(cohort::detail::background_worker& worker) : worker_(worker) { worker_.warm_up(); }
@@ -50,10 +51,14 @@ class console_printer {
 
   /// Queues `line` (a newline is added).
   void print(std::string line) {
-    worker_.start([line = std::move(line) + "\n"] {
-      std::fputs(line.c_str(), stdout);
-      std::fflush(stdout);
-    });
+    worker_.start([line = std::move(line)] { write_line(line); });
+  }
+
+  /// Writes `line` and a newline to stdout now, and flushes: what a queued line's job does. The
+  /// async checkpoint's job calls it for its report's line, after the copy the next step waits for.
+  static void write_line(std::string const& line) {
+    std::fputs((line + "\n").c_str(), stdout);
+    std::fflush(stdout);
   }
 
   /// Blocks until every line queued so far is written and flushed (and the jobs queued before them).

@@ -157,8 +157,8 @@ inline void run_this_thread_on(cpu_list const& cpus) {
 #endif
 }
 
-/// Called first by each of cohort's background threads (checkpoint writer, validation,
-/// deletion, progress printer, data loader producer, all-reduce thread, tuner coordinator):
+/// Called first by each of cohort's background threads (checkpoint writer and progress lines,
+/// validation, deletion, data loader producer, all-reduce thread, tuner coordinator):
 /// moves it to the node's spare CPUs, if there are any.
 inline void move_to_spare_cpus() { run_this_thread_on(placement().spare); }
 
