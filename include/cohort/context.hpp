@@ -31,7 +31,7 @@
 #include "cohort/comm/any.hpp"
 #include "cohort/comm/collectives.hpp"
 #include "cohort/detail/background.hpp"
-#include "cohort/detail/thread_name.hpp"
+#include "cohort/detail/background_thread.hpp"
 #include "cohort/error.hpp"
 #include "cohort/report/console.hpp"
 #include "cohort/report/run_directory.hpp"
@@ -300,8 +300,7 @@ struct report_state {
     }
     finish_validation();  // at most one in flight
     validator = std::thread([this, iteration, validate = std::move(validate)] {
-      cohort::detail::name_this_thread("cohort-validate");
-      scaling::move_to_spare_cpus();
+      cohort::detail::begin_background_thread("cohort-validate");
       auto const dir = run_path / checkpointing::dir_name(iteration);
       nlohmann::json m;
       try {
@@ -395,8 +394,7 @@ struct report_state {
     }
     if (reaper.joinable()) reaper.join();  // one deletion at a time
     reaper = std::thread([trash] {
-      cohort::detail::name_this_thread("cohort-reaper");
-      scaling::move_to_spare_cpus();
+      cohort::detail::begin_background_thread("cohort-reaper");
       std::error_code e;
       for (auto const& entry : std::filesystem::directory_iterator(trash, e)) std::filesystem::remove_all(entry.path(), e);
     });

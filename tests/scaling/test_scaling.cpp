@@ -9,6 +9,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <string>
 
 #include "../catch.hpp"
 

@@ -18,7 +18,7 @@
 #include <thread>
 #include <utility>
 
-#include "cohort/detail/thread_name.hpp"
+#include "cohort/detail/background_thread.hpp"
 #include "cohort/scaling/cpu_set.hpp"
 
 namespace cohort::detail {
@@ -87,8 +87,7 @@ class background_worker {
 
  private:
   void loop() {
-    name_this_thread(name_);
-    scaling::move_to_spare_cpus();
+    begin_background_thread(name_);
     yield_on_wakeup();
     sigset_t stop_signals;
     sigemptyset(&stop_signals);

@@ -57,7 +57,8 @@ class console_printer {
   /// Writes `line` and a newline to stdout now, and flushes: what a queued line's job does. The
   /// async checkpoint's job calls it for its report's line, after the copy the next step waits for.
   static void write_line(std::string const& line) {
-    std::fputs((line + "\n").c_str(), stdout);
+    std::fputs(line.c_str(), stdout);
+    std::fputc('\n', stdout);
     std::fflush(stdout);
   }
 

@@ -157,9 +157,8 @@ inline void run_this_thread_on(cpu_list const& cpus) {
 #endif
 }
 
-/// Called first by each of cohort's background threads (checkpoint writer and progress lines,
-/// validation, deletion, data loader producer, all-reduce thread, tuner coordinator):
-/// moves it to the node's spare CPUs, if there are any.
+/// Moves the calling thread to the node's spare CPUs, if there are any: what every cohort
+/// background thread does first (detail::begin_background_thread).
 inline void move_to_spare_cpus() { run_this_thread_on(placement().spare); }
 
 /// The cores this rank's intra-op threads may use and how many ranks of the node share them.

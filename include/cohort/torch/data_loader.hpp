@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/context.hpp"
-#include "cohort/detail/thread_name.hpp"
+#include "cohort/detail/background_thread.hpp"
 #include "cohort/error.hpp"
 #include "cohort/sharding/datasets.hpp"
 #include "cohort/sharding/loader_options.hpp"
@@ -167,8 +167,7 @@ class data_loader {
     }
 
     void produce() {
-      cohort::detail::name_this_thread("cohort-loader");
-      scaling::move_to_spare_cpus();
+      cohort::detail::begin_background_thread("cohort-loader");
       for (std::int64_t b = next_make_; b < total_; ++b) {
         std::string err;
         std::optional<cohort::batch> made;

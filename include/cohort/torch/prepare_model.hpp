@@ -32,7 +32,7 @@
 #include "cohort/comm/any.hpp"
 #include "cohort/comm/collectives.hpp"
 #include "cohort/context.hpp"
-#include "cohort/detail/thread_name.hpp"
+#include "cohort/detail/background_thread.hpp"
 #include "cohort/error.hpp"
 #include "cohort/scaling/cpu.hpp"
 #include "cohort/torch/bucket_plan.hpp"
@@ -253,8 +253,7 @@ class nccl_buckets final : public device_buckets {
   }
 
   void watch() {
-    cohort::detail::name_this_thread("cohort-nccl");
-    scaling::move_to_spare_cpus();
+    cohort::detail::begin_background_thread("cohort-nccl");
     cudaSetDevice(device_);  // else its CUDA calls would make a context on device 0
     std::unique_lock lock(mutex_);
     for (;;) {
@@ -550,8 +549,7 @@ class gradient_reducer {
 
   /// The communication thread: reduces buckets in the order they were queued.
   void work() {
-    cohort::detail::name_this_thread("cohort-reduce");
-    scaling::move_to_spare_cpus();
+    cohort::detail::begin_background_thread("cohort-reduce");
     std::unique_lock lock(mutex_);
     for (;;) {
       wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });

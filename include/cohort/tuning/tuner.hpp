@@ -31,7 +31,7 @@
 #include "cohort/comm/collectives.hpp"
 #include "cohort/comm/mpi.hpp"
 #include "cohort/concepts.hpp"
-#include "cohort/detail/thread_name.hpp"
+#include "cohort/detail/background_thread.hpp"
 #include "cohort/environment.hpp"
 #include "cohort/report/run_directory.hpp"
 #include "cohort/report/trial_table.hpp"
@@ -669,8 +669,7 @@ class tuner {
     std::thread server;
     if (rank == 0)
       server = std::thread([&] {
-        cohort::detail::name_this_thread("cohort-tuner");
-        scaling::move_to_spare_cpus();
+        cohort::detail::begin_background_thread("cohort-tuner");
         coord->serve();
       });
     comm::mpi group = world.split(rank / per, rank);
