@@ -5,6 +5,7 @@
 // Models: the reference Fashion-MNIST CNN (batch 64 per rank, 1x28x28) and a small MLP
 // (batch 64, input 1024, two hidden layers of 256, 10 outputs).
 #include <cohort/cohort.hpp>
+#include <torch/version.h>
 
 #include <cstdio>
 
@@ -85,6 +86,7 @@ void through_cohort(benchmark::State& state, Make make) {
 int main(int argc, char** argv) {
   cohort::environment env{argc, argv};
   benchmark::Initialize(&argc, argv);
+  benchmark::AddCustomContext("libtorch", TORCH_VERSION);
   // Interleaved and repeated, so that drift on a shared machine hits both sides alike.
   for (int rep = 0; rep < 3; ++rep) {
     benchmark::RegisterBenchmark("cnn/handwritten", [](benchmark::State& s) { handwritten(s, make_cnn); })
@@ -109,6 +111,7 @@ int main(int argc, char** argv) {
       benchmark::RunSpecifiedBenchmarks(&rep);
     }
     if (rank != 0) return;
+    std::printf("\nLibTorch %s, %d ranks\n", TORCH_VERSION, ctx.world_size());
     std::printf("\n| model | hand-written MPI step (ms) | cohort step (ms) | cohort overhead |\n|---|---:|---:|---:|\n");
     for (char const* m : {"cnn", "mlp"}) {
       auto mean = [](std::vector<double> const& v) {

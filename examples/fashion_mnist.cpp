@@ -1,9 +1,11 @@
 // Fashion-MNIST with the reference CNN, data-parallel over MPI ranks:
 //   mpirun -np 2 ./fashion_mnist [--data DIR] [--epochs N] [--max-train N] [--storage DIR] [--name NAME] [--workers N]
-// Reports train loss, test accuracy and the share of time spent waiting for data each epoch; rank 0 prints the final metrics as one JSON line.
+// Reports train loss, test accuracy and the share of time spent waiting for data each epoch; rank 0 prints the final metrics
+// as one JSON line, with the LibTorch version the program was built on ("libtorch").
 
 #include <cohort/cohort.hpp>
 #include <cohort/data/idx.hpp>
+#include <torch/version.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -115,6 +117,7 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     auto final_metrics = result.metrics;
     final_metrics["run_path"] = result.path.string();
+    final_metrics["libtorch"] = TORCH_VERSION;
     if (!result.best_checkpoints.empty()) {
       final_metrics["best_checkpoint"] = result.best_checkpoints.front().path.string();
       final_metrics["best_val_test_accuracy"] = result.best_checkpoints.front().metrics.value("val_test_accuracy", -1.0);
