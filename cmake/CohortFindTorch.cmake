@@ -124,6 +124,12 @@ function(cohort_find_torch)
   set_target_properties(cohort::torch PROPERTIES COHORT_TORCH_DIR "${dir}" COHORT_TORCH_VERSION "${version}"
                                                  COHORT_TORCH_WITH_CUDA ${with_cuda})
   if(NOT EXISTS "${lib}/libtorch_cuda.so" OR with_cuda)
+    # TorchConfig.cmake looks for Caffe2Config.cmake in the default paths before its own folder,
+    # so with Debian's libtorch-dev installed a wheel's TorchConfig would take Debian's targets.
+    set(Torch_DIR "${dir}")
+    if(EXISTS "${dir}/../Caffe2/Caffe2Config.cmake")
+      get_filename_component(Caffe2_DIR "${dir}/../Caffe2" ABSOLUTE)
+    endif()
     find_package(Torch CONFIG REQUIRED PATHS "${dir}" NO_DEFAULT_PATH)
     target_link_libraries(cohort::torch INTERFACE torch)
     foreach(d IN LISTS wheel_cuda_dirs)
