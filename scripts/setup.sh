@@ -4,7 +4,7 @@
 # LibTorch (COHORT_LIBTORCH):
 #   pypi    (default) PyPI's torch wheel, pinned in scripts/requirements-torch.txt, installed once
 #           into the project's .venv (about 1.3 GB on disk, 20-60 s; reused afterwards).
-#   debian  Debian's libtorch-dev (1.13), as a distribution user has it; about 1.9x slower per step.
+#   debian  Debian's libtorch-dev (1.13), as a distribution user has it; about 2x slower per step.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${COHORT_BUILD_DIR:-$root/build}
