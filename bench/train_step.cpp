@@ -4,6 +4,9 @@
 //   mpirun -np 2 ./bench_train_step [google-benchmark flags]
 // Models: the reference Fashion-MNIST CNN (batch 64 per rank, 1x28x28) and a small MLP
 // (batch 64, input 1024, two hidden layers of 256, 10 outputs).
+// The ranks' agreement on control flow (detail::lockstep, one small all-reduce started at the
+// first gradient hook of each backward and awaited before its first bucket) is measured twice:
+// the cohort step against the same step with a reducer built without it, and one agreement alone.
 #include <cohort/cohort.hpp>
 #include <torch/version.h>
 
@@ -67,10 +70,18 @@ void handwritten(benchmark::State& state, Make make) {
   for (auto _ : state) cohort_bench::timed_iteration(state, step);
 }
 
+/// `agree`: the reducer takes part in the ranks' agreement (as prepare_model builds it); false:
+/// the same reducer without it, to measure what the agreement costs per step.
 template <class Make>
-void through_cohort(benchmark::State& state, Make make) {
+void through_cohort(benchmark::State& state, Make make, bool agree = true) {
   auto w = make();
   auto model = g_ctx->prepare_model(w.net);
+  if (!agree && model.reducer()) {
+    bool const thread = cohort::use_communication_thread(cohort::reduce_on::automatic, cohort::scaling::node_cores(),
+                                                         g_ctx->local_world_size());
+    model = decltype(model)(model.module(), std::make_shared<cohort::detail::gradient_reducer>(
+                                                g_ctx->comm(), model.reducer()->params(), cohort::model_options{}, thread));
+  }
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   auto step = [&] {
     opt.zero_grad();
@@ -79,6 +90,16 @@ void through_cohort(benchmark::State& state, Make make) {
   };
   for (int i = 0; i < warmup_steps; ++i) step();
   for (auto _ : state) cohort_bench::timed_iteration(state, step);
+}
+
+/// One agreement of the ranks, as a backward makes it (started, then awaited).
+void agreement(benchmark::State& state) {
+  auto& steps = g_ctx->lockstep();
+  for (auto _ : state)
+    cohort_bench::timed_iteration(state, [&] {
+      steps.start(cohort::detail::step::backward);
+      steps.finish();
+    });
 }
 
 }  // namespace
@@ -93,10 +114,15 @@ int main(int argc, char** argv) {
         ->Iterations(40)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("cnn/cohort", [](benchmark::State& s) { through_cohort(s, make_cnn); })
         ->Iterations(40)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("cnn/cohort_without_agreement", [](benchmark::State& s) { through_cohort(s, make_cnn, false); })
+        ->Iterations(40)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("mlp/handwritten", [](benchmark::State& s) { handwritten(s, make_mlp); })
         ->Iterations(400)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("mlp/cohort", [](benchmark::State& s) { through_cohort(s, make_mlp); })
         ->Iterations(400)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("mlp/cohort_without_agreement", [](benchmark::State& s) { through_cohort(s, make_mlp, false); })
+        ->Iterations(400)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("agreement", agreement)->Iterations(2000)->UseManualTime()->Unit(benchmark::kMicrosecond);
   }
   cohort::trainer{[](cohort::context& ctx) {
     g_ctx = &ctx;
@@ -112,17 +138,25 @@ int main(int argc, char** argv) {
     }
     if (rank != 0) return;
     std::printf("\nLibTorch %s, %d ranks\n", TORCH_VERSION, ctx.world_size());
-    std::printf("\n| model | hand-written MPI step (ms) | cohort step (ms) | cohort overhead |\n|---|---:|---:|---:|\n");
+    auto mean = [](std::vector<double> const& v) {
+      double s = 0;
+      for (double x : v) s += x;
+      return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+    };
+    double const agree = mean(runs["agreement/iterations:2000/manual_time"]);
+    std::printf("\n| model | hand-written MPI step (ms) | cohort step (ms) | cohort overhead | cohort without the agreement (ms) "
+                "| agreement's share of the step | one agreement alone, share of the cohort step |\n"
+                "|---|---:|---:|---:|---:|---:|---:|\n");
     for (char const* m : {"cnn", "mlp"}) {
-      auto mean = [](std::vector<double> const& v) {
-        double s = 0;
-        for (double x : v) s += x;
-        return v.empty() ? 0.0 : s / static_cast<double>(v.size());
-      };
-      double hw = mean(runs[std::string(m) + "/handwritten/iterations:" + (m[0] == 'c' ? "40" : "400") + "/manual_time"]);
-      double co = mean(runs[std::string(m) + "/cohort/iterations:" + (m[0] == 'c' ? "40" : "400") + "/manual_time"]);
-      std::printf("| %s | %.3f | %.3f | %+.1f%% |\n", m, hw * 1e3, co * 1e3, hw > 0 ? (co / hw - 1) * 100 : 0.0);
+      std::string const iters = m[0] == 'c' ? "40" : "400";
+      double hw = mean(runs[std::string(m) + "/handwritten/iterations:" + iters + "/manual_time"]);
+      double co = mean(runs[std::string(m) + "/cohort/iterations:" + iters + "/manual_time"]);
+      double no = mean(runs[std::string(m) + "/cohort_without_agreement/iterations:" + iters + "/manual_time"]);
+      std::printf("| %s | %.3f | %.3f | %+.1f%% | %.3f | %+.2f%% | %.3f%% |\n", m, hw * 1e3, co * 1e3,
+                  hw > 0 ? (co / hw - 1) * 100 : 0.0, no * 1e3, no > 0 ? (co / no - 1) * 100 : 0.0,
+                  co > 0 ? agree / co * 100 : 0.0);
     }
+    std::printf("\none agreement (start + finish, slowest rank): %.1f us\n", agree * 1e6);
   }}.fit(nlohmann::json::object(), {.name = "", .storage_path = "/tmp/cohort_bench", .verbose = 0});
   return 0;
 }

@@ -32,6 +32,8 @@
 #include "cohort/comm/collectives.hpp"
 #include "cohort/detail/background.hpp"
 #include "cohort/detail/background_thread.hpp"
+#include "cohort/detail/lockstep.hpp"
+#include "cohort/detail/stop_signal.hpp"
 #include "cohort/error.hpp"
 #include "cohort/report/console.hpp"
 #include "cohort/report/run_directory.hpp"
@@ -52,12 +54,6 @@ inline constexpr int exit_code_preempted = 75;
 using validate_fn = std::function<nlohmann::json(cohort::checkpoint const&)>;
 
 namespace detail {
-
-/// The signal (SIGTERM, SIGINT) this process received during fit(), 0 if none.
-inline std::atomic<int>& stop_signal() {
-  static std::atomic<int> s{0};
-  return s;
-}
 
 /// Thrown by report() on every rank once any rank has received SIGTERM or SIGINT (after the
 /// report's checkpoint, if any, is committed); fit() turns it into result::preempted.
@@ -90,6 +86,7 @@ struct report_state {
   std::filesystem::path run_path;
   std::string staging_prefix;  ///< unique per attempt: staging directories never collide
   comm::any* control = nullptr;
+  lockstep* steps = nullptr;  ///< the ranks' agreement on control flow: every report starts with it
   std::function<std::vector<std::size_t>(std::span<checkpointing::record const>)> retain;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point last = start;
@@ -114,7 +111,8 @@ struct report_state {
   std::vector<std::int64_t> validating_;  ///< checkpoints whose validation has not finished: never deleted
   std::thread reaper;                     ///< deletes dropped checkpoints (rank 0)
 
-  static void check_metrics(nlohmann::json const& metrics) {
+  static void check_metrics(nlohmann::json& metrics) {
+    if (metrics.is_null()) metrics = nlohmann::json::object();  // `ctx.report({})`, Ray's report({}, None)
     if (!metrics.is_object())
       throw cohort::error("report() takes a JSON object of metrics, e.g. ctx.report({{\"loss\", 0.1}}), got: " +
                           metrics.dump());
@@ -144,10 +142,22 @@ struct report_state {
     else history.push_back(std::move(row));
   }
 
-  void report(nlohmann::json metrics) {
+  /// A report, with a checkpoint when any rank passes `payload`. Collective over every rank:
+  /// first the ranks agree (lockstep) that they are all at this report, whether a checkpoint is
+  /// passed (then every rank takes the checkpoint path, those without a payload writing nothing)
+  /// and whether any rank received a stop signal (then every rank stops here).
+  void report(nlohmann::json metrics, checkpoint_payload const* payload, validate_fn const& validate = {}) {
     check_metrics(metrics);
+    auto const kind = !payload                                           ? checkpoint_kind::none
+                      : payload->scope == checkpoint_scope::per_rank ? checkpoint_kind::per_rank
+                                                                         : checkpoint_kind::replicated;
+    auto const agreed = steps->agree_report(kind, stop_signal().load(), count + 1);
+    if (agreed.any_checkpoint) {
+      static checkpoint_payload const nothing{};
+      return report_checkpoint(std::move(metrics), payload ? *payload : nothing, validate);
+    }
     record(dir ? row_of(std::move(metrics)) : nlohmann::json());
-    if (int s = stop_signal().load()) throw preempted{s, count};  // no communication on a plain report
+    if (agreed.signal != 0) throw preempted{agreed.signal, count};
     consult_listener();
   }
 
@@ -193,8 +203,7 @@ struct report_state {
   /// the commit. Any failure is a cohort::error on every rank; committed checkpoints are intact.
   /// In async mode the writing and rank 0's commit run on a background thread; the agreement on
   /// checkpoint k happens at the next checkpointed report or at the end of fit (flush()).
-  void report(nlohmann::json metrics, checkpoint_payload const& payload, validate_fn const& validate = {}) {
-    check_metrics(metrics);
+  void report_checkpoint(nlohmann::json metrics, checkpoint_payload const& payload, validate_fn const& validate) {
     auto const iteration = count + 1;
     nlohmann::json row = row_of(std::move(metrics));
     if (mode == checkpoint_mode::async) {
@@ -433,27 +442,32 @@ class context {
   /// collectives, e.g. averaging an evaluation metric. Collectives must be entered by every rank.
   comm::any& comm() { return comm_; }
 
-  /// Records one round of metrics. Every rank calls it the same number of times (fit() checks);
-  /// rank 0's metrics are recorded, with Ray's auto-filled keys training_iteration,
-  /// time_this_iter_s, time_total_s and timestamp, in result.json and progress.csv. No
-  /// communication.
-  void report(nlohmann::json const& metrics) { reports_.report(metrics); }
+  /// Records one round of metrics. Every rank calls it at the same points of its control flow
+  /// (a rank that reports more or less often is an error on every rank, see
+  /// docs/fault-tolerance.md); rank 0's metrics are recorded, with Ray's auto-filled keys
+  /// training_iteration, time_this_iter_s, time_total_s and timestamp, in result.json and
+  /// progress.csv. Collective: one small all-reduce (the ranks' agreement on their control flow).
+  /// When another rank passes a checkpoint to the same report, this is that checkpointed report.
+  void report(nlohmann::json const& metrics) { reports_.report(metrics, nullptr); }
 
-  /// Records metrics with a checkpoint (Ray's `report(metrics, checkpoint=...)`): every rank
-  /// calls it; `payload` writes this rank's files (rank 0 the replicated state, any rank may add
-  /// its own) into one directory, which rank 0 commits atomically as checkpoint_<iteration> and
-  /// the checkpointing policy then keeps or deletes. Collective: two agreements over the
-  /// trainer's control communicator. A failed write or commit is a cohort::error on every rank.
-  void report(nlohmann::json const& metrics, checkpoint_payload const& payload) { reports_.report(metrics, payload); }
+  /// Records metrics with a checkpoint (Ray's `report(metrics, checkpoint=...)`): `payload`
+  /// writes this rank's files (rank 0 the replicated state, any rank may add its own) into one
+  /// directory, which rank 0 commits atomically as checkpoint_<iteration> and the checkpointing
+  /// policy then keeps or deletes. Every rank calls report() here; a replicated checkpoint
+  /// (checkpoint_of) may be passed on rank 0 only, the others calling report(metrics), as in Ray;
+  /// per-rank state (checkpoint_payload::scope = per_rank) must be passed on every rank.
+  /// Collective: the agreement, then two agreements over the trainer's control communicator. A
+  /// failed write or commit is a cohort::error on every rank.
+  void report(nlohmann::json const& metrics, checkpoint_payload const& payload) { reports_.report(metrics, &payload); }
 
   /// A report with a checkpoint and its asynchronous validation (Ray's validate_fn): once the
   /// checkpoint is committed, `validate(checkpoint)` runs on a background thread of rank 0 while
   /// training goes on; the metrics it returns are merged into that checkpoint's metrics (same key
   /// overwrites), written to its validation.json, and used by the retention policy (keep_best
   /// can rank by them). result.best_checkpoints shows the merged metrics. One validation at a
-  /// time; fit() waits for the last one. `validate` must not communicate.
+  /// time; fit() waits for the last one. `validate` must not communicate; rank 0's is used.
   void report(nlohmann::json const& metrics, checkpoint_payload const& payload, validate_fn validate) {
-    reports_.report(metrics, payload, validate);
+    reports_.report(metrics, &payload, validate);
   }
 
   /// The checkpoint this run resumes from: the latest committed checkpoint of this run directory
@@ -493,6 +507,13 @@ class context {
       for (auto const& [k, v] : datasets_->items) s += (s.empty() ? "'" : ", '") + k + "'";
     return s.empty() ? std::string("no datasets") : s;
   }
+  /// The ranks' agreement on control flow (prepare_model and the gradient reducer take part).
+  detail::lockstep& lockstep() { return *reports_.steps; }
+  /// How long a collective may wait for the other ranks (run_config::collective_timeout_ms).
+  int collective_timeout_ms() const { return collective_timeout_ms_; }
+  /// Set by the trainer.
+  void set_collective_timeout_ms(int ms) { collective_timeout_ms_ = ms; }
+
   /// Storage for the loader of dataset `name` (used by dataset_shard).
   std::shared_ptr<void>& loader_slot(std::string const& name) { return loaders_[name]; }
 
@@ -518,6 +539,7 @@ class context {
   std::uint64_t sharding_seed_;
   std::map<std::string, std::shared_ptr<void>> loaders_;
   std::optional<cohort::checkpoint> resume_;
+  int collective_timeout_ms_ = 600'000;
 };
 
 }  // namespace cohort

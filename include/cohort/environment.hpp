@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "cohort/comm/deadline.hpp"
 #include "cohort/comm/mpi.hpp"
 #include "cohort/error.hpp"
 #include "cohort/scaling/cpu_set.hpp"
@@ -55,7 +56,17 @@ inline bool ensure_mpi(int* argc, char*** argv) {
   MPI_Comm_size(node, &job_ranks_on_node());
   scaling::placement() = find_cpu_placement(node);
   MPI_Comm_free(&node);
+  if (provided >= MPI_THREAD_MULTIPLE) comm::detail::job_alarm().start();  // tested from any waiting thread
   return true;
+}
+
+/// MPI down, after the alarm's receive is withdrawn; nothing when MPI is already finalised.
+inline void finalize_mpi() {
+  int done = 0;
+  MPI_Finalized(&done);
+  if (done) return;
+  comm::detail::job_alarm().stop();
+  MPI_Finalize();
 }
 
 /// For `trainer{fn}.fit(cfg)` without an environment: MPI is initialised on first use and
@@ -64,9 +75,7 @@ inline void ensure_mpi_for_program() {
   struct finalizer {
     bool owns = ensure_mpi(nullptr, nullptr);
     ~finalizer() {
-      int done = 0;
-      MPI_Finalized(&done);
-      if (owns && !done) MPI_Finalize();
+      if (owns) finalize_mpi();
     }
   };
   static finalizer f;
@@ -84,9 +93,7 @@ class environment {
   environment(environment const&) = delete;
   environment& operator=(environment const&) = delete;
   ~environment() {
-    int done = 0;
-    MPI_Finalized(&done);
-    if (owns_ && !done) MPI_Finalize();
+    if (owns_) detail::finalize_mpi();
   }
 
   /// The world communicator (MPI_COMM_WORLD, not owned).

@@ -17,6 +17,13 @@ struct run_config {
   /// How long a rank whose functor threw waits for the others to reach the end of fit() before
   /// it aborts the job (they may be blocked in a collective it will never enter). Never a hang.
   int abort_timeout_ms = 30'000;
+  /// How long any collective of the run (gradient all-reduces, the ranks' agreements, broadcasts,
+  /// the end-of-fit checks; NCCL's on a GPU) may wait for the other ranks. Past it, every rank
+  /// that can still print says which collective it waits in and where its functor is, and the
+  /// job is aborted (non-zero exit). Ranks on different code paths are found sooner, at the next
+  /// report or backward (docs/fault-tolerance.md). 0: no deadline. 10 minutes, as PyTorch's NCCL
+  /// watchdog; raise it for steps slower than that.
+  int collective_timeout_ms = 600'000;
   /// A checkpoint directory to resume from. Empty: resume from the latest good checkpoint of this
   /// run directory, if there is one (rerunning the same command resumes, as in Ray Train).
   std::string resume_from_checkpoint{};

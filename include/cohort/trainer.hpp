@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -16,6 +17,7 @@
 #include <ctime>
 #include <cxxabi.h>
 #include <exception>
+#include <functional>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -32,10 +34,12 @@
 #include "cohort/checkpointing/checkpoint.hpp"
 #include "cohort/comm/any.hpp"
 #include "cohort/comm/collectives.hpp"
+#include "cohort/comm/deadline.hpp"
 #include "cohort/comm/mpi.hpp"
 #include "cohort/concepts.hpp"
 #include "cohort/context.hpp"
 #include "cohort/detail/callable.hpp"
+#include "cohort/detail/lockstep.hpp"
 #include "cohort/environment.hpp"
 #include "cohort/result.hpp"
 #include "cohort/run_config.hpp"
@@ -113,6 +117,19 @@ struct signal_guard {
     sigaction(SIGINT, &old_int, nullptr);
   }
   struct sigaction old_term {}, old_int {};
+};
+
+/// Gives `c`'s MPI communicator (when it is one) the run's deadline and a name for messages.
+inline void set_comm_options(comm::any& c, comm::mpi_options options) {
+  if (auto* m = c.target<comm::mpi>()) m->set_options(options);
+}
+
+/// For the duration of fit(): deadline messages say where this rank's functor is.
+struct position_guard {
+  explicit position_guard(std::function<std::string()> f) { comm::detail::position().set(std::move(f)); }
+  position_guard(position_guard const&) = delete;
+  position_guard& operator=(position_guard const&) = delete;
+  ~position_guard() { comm::detail::position().set({}); }
 };
 
 inline std::string utc_stamp() {
@@ -195,12 +212,23 @@ class trainer {
     using return_type = decltype(invoke_fn(std::declval<context&>(), std::declval<param_type const&>()));
     result<return_type> out;
 
+    // Three duplicates of `comm`: control (setup, checkpoints, the end), work (the functor's
+    // collectives and its gradients) and the lockstep agreement, each with the run's deadline.
     comm::any control(comm.split(0, comm.rank()));
     comm::any work(comm.split(0, comm.rank()));
+    comm::any check(comm.split(0, comm.rank()));
+    int const timeout_ms = std::max(run.collective_timeout_ms, 0);
+    detail::set_comm_options(control, {.timeout_ms = timeout_ms, .name = "control"});
+    detail::set_comm_options(work, {.timeout_ms = timeout_ms, .name = "work"});
+    detail::set_comm_options(check, {.timeout_ms = timeout_ms, .name = "lockstep"});
     int const rank = control.rank();
 
     // Setup: every check here is agreed over `control`, so all ranks fail together.
     std::optional<std::string> err = scaling().check(control.size());
+    if (!err && (run.collective_timeout_ms < 0 || run.abort_timeout_ms < 0))
+      err = "run_config.collective_timeout_ms = " + std::to_string(run.collective_timeout_ms) +
+            " and abort_timeout_ms = " + std::to_string(run.abort_timeout_ms) +
+            ": give milliseconds (collective_timeout_ms = 0 for no deadline)";
     std::optional<param_type> param;
     std::string config_text;
     if (!err) {
@@ -224,7 +252,9 @@ class trainer {
     }
     err = comm::agree_on_error(control, err);
     std::filesystem::path run_path = std::filesystem::path(run.storage_path) / name;
+    detail::lockstep steps(std::move(check));
     detail::report_state reports;
+    reports.steps = &steps;
     reports.name = name;
     reports.rank = rank;
     reports.run_path = run_path;
@@ -255,6 +285,7 @@ class trainer {
     auto resume = nlohmann::json::parse(comm::broadcast_string(control, resume_text));
     reports.staging_prefix = comm::broadcast_string(control, std::to_string(::getpid()) + "_" + detail::utc_stamp() + "_");
     reports.count = resume.value("iteration", std::int64_t{0});
+    steps.resume_at(reports.count);
     if (rank == 0)
       for (auto const& row : reports.dir->previous_rows())
         if (row.value("training_iteration", std::int64_t{0}) <= reports.count) reports.history.push_back(row);
@@ -280,9 +311,13 @@ class trainer {
     context ctx(topo, scaling().device_for(topo), threads, name, run_path, work, reports, shard,
                 &detail::get_or(policies_, no_datasets), seed);
     if (resume.contains("path")) ctx.set_resume_checkpoint(cohort::checkpoint::from_directory(resume["path"].get<std::string>()));
+    ctx.set_collective_timeout_ms(timeout_ms);
+    detail::position_guard where([&steps] { return steps.where(); });  // named in deadline messages
 
-    // The functor. Any exception is held until every rank has finished.
+    // The functor. Any exception is held until every rank has finished; the other ranks learn of
+    // it at their next agreement (lockstep), or the job is aborted after abort_timeout_ms.
     std::optional<std::string> failure;
+    bool secondary = false;  // `failure` is that another rank failed: its error is the one reported
     bool preempted = false;
     std::optional<std::conditional_t<std::is_void_v<return_type>, detail::no_return, return_type>> value;
     detail::signal_guard signals;  // SIGTERM/SIGINT: stop at the next report, on every rank
@@ -293,21 +328,44 @@ class trainer {
       } else {
         value.emplace(invoke_fn(ctx, *param));
       }
-      reports.flush();  // async checkpoints still in flight
+      steps.agree(detail::step::end);  // every rank returned, from the same place
+      reports.flush();                 // async checkpoints still in flight
     } catch (detail::stopped_by_tuner const& s) {
       out.stopped = s.reason;
     } catch (detail::preempted const& p) {
       preempted = true;
       failure = std::string("stopped by ") + (p.signal == SIGINT ? "SIGINT" : "SIGTERM") + " after report " +
                 std::to_string(p.iteration) + " (its checkpoint, if any, is committed): rerun the same command to resume";
+    } catch (detail::diverged const& d) {
+      failure = d.what();
+      secondary = d.peer_failed();
     } catch (std::exception const& e) {
       failure = e.what();
     } catch (...) {
       failure = "unknown exception";
     }
-    // Completion: [failed, max reports, -min reports]; the failed rank waits at most
-    // abort_timeout_ms for the others, then aborts the job rather than hang.
-    std::int64_t status[3] = {failure ? 1 : 0, reports.reports_this_attempt, -reports.reports_this_attempt};
+    // A rank that failed on its own tells the others at their next agreement point; it waits at
+    // most abort_timeout_ms for them to get there, then aborts the job rather than hang.
+    if (failure && !preempted && !steps.broken()) {
+      if (steps.pending()) {
+        wait_or_abort([&] { return steps.test(); }, run.abort_timeout_ms, rank, *failure);
+        try {
+          steps.finish();
+        } catch (detail::diverged const&) {
+        }
+      }
+      if (!steps.broken()) {
+        steps.start(detail::step::failed);
+        wait_or_abort([&] { return steps.test(); }, run.abort_timeout_ms, rank, *failure);
+        try {
+          steps.finish();
+        } catch (detail::diverged const&) {  // the others were elsewhere: they now stop too
+        }
+      }
+    }
+    // Completion: [failed (2: its own error, 1: another rank's), max reports, -min reports]; a
+    // failed rank waits at most abort_timeout_ms for the others, then aborts the job rather than hang.
+    std::int64_t status[3] = {failure ? (secondary ? 1 : 2) : 0, reports.reports_this_attempt, -reports.reports_this_attempt};
     auto req = control.iallreduce(status, 3, comm::reduce_op::max);
     // The progress lines before any error or result. They share a thread with async checkpoint
     // writes, so after a failure a write may still be in flight: the completion is tested (and
@@ -315,10 +373,11 @@ class trainer {
     bool completed = false;
     if (reports.console)
       while (!reports.worker.wait_for(std::chrono::milliseconds(1))) completed = completed || req.test();
-    if (!completed && failure) wait_or_abort(req, run.abort_timeout_ms, rank, *failure);
+    if (!completed && failure) wait_or_abort([&] { return req.test(); }, run.abort_timeout_ms, rank, *failure);
     else if (!completed) req.wait();
     if (status[0] != 0) {
-      auto e = comm::agree_on_error(control, failure);
+      // The errors of the ranks that failed on their own; the others only say they stopped.
+      auto e = comm::agree_on_error(control, status[0] == 2 && secondary ? std::nullopt : failure);
       out.preempted = preempted;
       return fail(std::move(out), *e, rank);
     }
@@ -424,17 +483,18 @@ class trainer {
     return out;
   }
 
-  static void wait_or_abort(comm::any_request& req, int timeout_ms, int rank, std::string const& failure) {
+  /// Polls `done` until it is true; after `timeout_ms`, prints this rank's `failure` and aborts
+  /// the job (the other ranks, told by the alarm, print where they wait).
+  template <class Done>
+  static void wait_or_abort(Done done, int timeout_ms, int rank, std::string const& failure) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (!req.test()) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        std::cerr << ("[cohort] rank " + std::to_string(rank) + ": error: " + failure + "\n[cohort] rank " +
-                      std::to_string(rank) + ": the other ranks did not finish within " + std::to_string(timeout_ms) +
-                      " ms of this rank's error (they are likely blocked in a collective it will not enter): "
-                      "aborting the job\n")
-                  << std::flush;
-        MPI_Abort(MPI_COMM_WORLD, 1);
-      }
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > deadline)
+        comm::detail::abort_job("[cohort] rank " + std::to_string(rank) + ": error: " + failure + "\n[cohort] rank " +
+                                std::to_string(rank) + ": the other ranks did not finish within " +
+                                std::to_string(timeout_ms) +
+                                " ms of this rank's error (they are likely blocked in a collective it will not enter): "
+                                "aborting the job");
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }

@@ -46,10 +46,10 @@ TEST_CASE("the NCCL gradient path averages bucketed gradients on the GPU and ord
     torch::NoGradGuard no_grad;
     for (std::size_t i = 0; i < net.parameters().size(); ++i) net.parameters()[i].copy_(plain.parameters()[i]);
   }
-  cohort::model_options options{.bucket_cap_bytes = 64 << 10, .first_bucket_cap_bytes = 4 << 10, .timeout_ms = 60'000};
+  cohort::model_options options{.bucket_cap_bytes = 64 << 10, .first_bucket_cap_bytes = 4 << 10};
   {
     cohort::detail::gradient_reducer reducer(c, net.parameters(), options, false,
-                                             cohort::detail::make_device_buckets(c, 0, options.timeout_ms));
+                                             cohort::detail::make_device_buckets(c, 0, 60'000));
     REQUIRE(reducer.num_buckets() >= 3);  // several buckets, some launched mid-backward, some grouped
     train(net, 5);
     train(plain, 5);
@@ -62,7 +62,7 @@ TEST_CASE("the NCCL gradient path averages bucketed gradients on the GPU and ord
   // of one), so after one step each parameter moved by -lr * bf16(grad) exactly.
   options.compression = cohort::gradient_compression::bfloat16;
   cohort::detail::gradient_reducer reducer(c, net.parameters(), options, false,
-                                           cohort::detail::make_device_buckets(c, 0, options.timeout_ms));
+                                           cohort::detail::make_device_buckets(c, 0, 60'000));
   auto x = torch::randn({32, 64}, torch::kCUDA);
   auto y = torch::randint(0, 10, {32}, torch::kCUDA);
   for (auto& p : net.parameters()) p.mutable_grad() = torch::Tensor();

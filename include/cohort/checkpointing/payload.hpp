@@ -7,6 +7,12 @@
 
 namespace cohort {
 
+/// Whose state a checkpoint holds: who must pass it to report().
+enum class checkpoint_scope {
+  replicated,  ///< the same on every rank: rank 0 writes it (checkpoint_of); the other ranks may pass none (Ray's idiom)
+  per_rank,    ///< each rank's own (sharded) state: every rank passes one, or the report is an error naming the ranks without
+};
+
 /// The files of one checkpoint, as written by one rank: `write(dir, rank)` puts them into `dir`
 /// (shared by all ranks of the trainer; use distinct names per rank for per-rank state). Make
 /// one with cohort::checkpoint_of (LibTorch state) or write your own files.
@@ -21,6 +27,8 @@ struct checkpoint_payload {
   /// left for later (checkpoint_of defers the copy of a prepared model's parameters and
   /// optimizer state, holding the next optimizer step until it is done). May be empty.
   std::function<void()> finish_snapshot{};
+  /// Whose state this is (see checkpoint_scope).
+  checkpoint_scope scope = checkpoint_scope::replicated;
 };
 
 /// When checkpoint files are written.

@@ -16,7 +16,7 @@
 
 namespace cohort::comm {
 
-/// A type-erased request; holds any request type of up to 64 bytes in place.
+/// A type-erased request; holds any request type of up to 128 bytes in place.
 class any_request {
  public:
   any_request() = default;
@@ -69,7 +69,7 @@ class any_request {
     if (vt_) vt_->destroy(storage_);
     vt_ = nullptr;
   }
-  alignas(std::max_align_t) std::byte storage_[64];
+  alignas(std::max_align_t) std::byte storage_[128];
   vtable const* vt_ = nullptr;
 };
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cohort/comm/communicator.hpp"
+#include "cohort/comm/deadline.hpp"
 #include "cohort/error.hpp"
 
 namespace cohort::comm {
@@ -120,17 +121,20 @@ void scale(T* __restrict data, std::size_t n, T s) {
   for (; i < n; ++i) data[i] *= s;
 }
 
-/// MPI_Sendrecv of `ns` elements to `to` and `nr` elements from `from`, in max_chunk pieces (the
-/// peer's counts mirror these, so both sides make the same number of calls).
+/// `ns` elements to `to` and `nr` elements from `from` (non-blocking, waited for with the
+/// deadline of `what`), in max_chunk pieces (the peer's counts mirror these, so both sides make the
+/// same number of calls).
 template <class T>
-void sendrecv(T const* send, std::size_t ns, int to, T* recv, std::size_t nr, int from, MPI_Comm comm) {
+void sendrecv(T const* send, std::size_t ns, int to, T* recv, std::size_t nr, int from, MPI_Comm comm,
+              collective const& what, int timeout_ms) {
   constexpr int tag = 0x636f;  // "co": cohort's ring all-reduce
   for (std::size_t off = 0; off < std::max(ns, nr); off += max_chunk) {
     auto s = static_cast<int>(off < ns ? std::min(max_chunk, ns - off) : 0);
     auto r = static_cast<int>(off < nr ? std::min(max_chunk, nr - off) : 0);
-    check_mpi(MPI_Sendrecv(send + off, s, mpi_type<T>(), to, tag, recv + off, r, mpi_type<T>(), from, tag, comm,
-                           MPI_STATUS_IGNORE),
-              "MPI_Sendrecv");
+    MPI_Request reqs[2];
+    check_mpi(MPI_Irecv(recv + off, r, mpi_type<T>(), from, tag, comm, &reqs[0]), "MPI_Irecv");
+    check_mpi(MPI_Isend(send + off, s, mpi_type<T>(), to, tag, comm, &reqs[1]), "MPI_Isend");
+    wait_all(reqs, 2, what, timeout_ms);
   }
 }
 
@@ -139,7 +143,8 @@ void sendrecv(T const* send, std::size_t ns, int to, T* recv, std::size_t nr, in
 /// the last reduction step so no extra pass over the buffer is made. Every rank ends with
 /// bitwise the same values. `scratch` holds one segment; it only grows.
 template <class T>
-void ring_average(T* data, std::size_t count, MPI_Comm comm, int rank, int size, std::vector<std::byte>& scratch) {
+void ring_average(T* data, std::size_t count, MPI_Comm comm, int rank, int size, std::vector<std::byte>& scratch,
+                  collective const& what, int timeout_ms) {
   auto const n = static_cast<std::size_t>(size);
   auto begin = [&](int s) { return count / n * static_cast<std::size_t>(s) + std::min(count % n, static_cast<std::size_t>(s)); };
   auto length = [&](int s) { return begin(s + 1) - begin(s); };
@@ -149,12 +154,12 @@ void ring_average(T* data, std::size_t count, MPI_Comm comm, int rank, int size,
   T const factor = T(1) / static_cast<T>(size);
   for (int k = 0; k + 1 < size; ++k) {
     int const out = (rank - k + size) % size, in = (rank - k - 1 + 2 * size) % size;
-    sendrecv(data + begin(out), length(out), right, tmp, length(in), left, comm);
+    sendrecv(data + begin(out), length(out), right, tmp, length(in), left, comm, what, timeout_ms);
     accumulate(data + begin(in), tmp, length(in), factor, k + 2 == size);
   }
   for (int k = 0; k + 1 < size; ++k) {
     int const out = (rank + 1 - k + size) % size, in = (rank - k + size) % size;
-    sendrecv(data + begin(out), length(out), right, data + begin(in), length(in), left, comm);
+    sendrecv(data + begin(out), length(out), right, data + begin(in), length(in), left, comm, what, timeout_ms);
   }
 }
 
@@ -175,22 +180,26 @@ using scale_type = std::conditional_t<half_float<T>, float, T>;
 }  // namespace detail
 
 /// A non-blocking MPI collective in flight (move-only, no heap allocation unless the buffer
-/// needed more than one MPI call). Destroying an unfinished request waits for it.
+/// needed more than one MPI call). wait() has the deadline of the communicator that started it.
+/// Destroying an unfinished request waits for it.
 class mpi_request {
  public:
   mpi_request() = default;
   /// `then` runs once, on this rank, when the collective has completed (reduce_op::avg's division).
-  mpi_request(MPI_Request first, std::vector<MPI_Request> rest, std::function<void()> then = {})
-      : first_(first), rest_(std::move(rest)), then_(std::move(then)) {}
+  mpi_request(MPI_Request first, std::vector<MPI_Request> rest, std::function<void()> then = {}, collective what = {},
+              int timeout_ms = 0)
+      : first_(first), rest_(std::move(rest)), then_(std::move(then)), what_(what), timeout_ms_(timeout_ms) {}
   mpi_request(mpi_request&& o) noexcept
       : first_(std::exchange(o.first_, MPI_REQUEST_NULL)), rest_(std::exchange(o.rest_, {})),
-        then_(std::exchange(o.then_, {})) {}
+        then_(std::exchange(o.then_, {})), what_(o.what_), timeout_ms_(o.timeout_ms_) {}
   mpi_request& operator=(mpi_request&& o) noexcept {
     if (this != &o) {
       finish_quietly();
       first_ = std::exchange(o.first_, MPI_REQUEST_NULL);
       rest_ = std::exchange(o.rest_, {});
       then_ = std::exchange(o.then_, {});
+      what_ = o.what_;
+      timeout_ms_ = o.timeout_ms_;
     }
     return *this;
   }
@@ -198,12 +207,11 @@ class mpi_request {
   mpi_request& operator=(mpi_request const&) = delete;
   ~mpi_request() { finish_quietly(); }
 
-  /// Blocks until the collective has completed on this rank.
+  /// Blocks until the collective has completed on this rank; past the deadline, ends the job
+  /// with an error naming the collective (comm::timeout_message).
   void wait() {
-    detail::check_mpi(MPI_Wait(&first_, MPI_STATUS_IGNORE), "MPI_Wait");
-    if (!rest_.empty())
-      detail::check_mpi(MPI_Waitall(static_cast<int>(rest_.size()), rest_.data(), MPI_STATUSES_IGNORE),
-                        "MPI_Waitall");
+    detail::wait_all(&first_, 1, what_, timeout_ms_);
+    if (!rest_.empty()) detail::wait_all(rest_.data(), static_cast<int>(rest_.size()), what_, timeout_ms_);
     completed();
   }
   /// Drives progress; true once the collective has completed on this rank.
@@ -216,37 +224,52 @@ class mpi_request {
     if (done) completed();
     return done != 0;
   }
+  /// The collective, as error messages name it.
+  collective const& what() const { return what_; }
 
  private:
   void completed() {
     if (then_) std::exchange(then_, {})();
   }
   void finish_quietly() noexcept {
-    if (first_ != MPI_REQUEST_NULL) MPI_Wait(&first_, MPI_STATUS_IGNORE);
-    if (!rest_.empty()) MPI_Waitall(static_cast<int>(rest_.size()), rest_.data(), MPI_STATUSES_IGNORE);
+    if (first_ != MPI_REQUEST_NULL) detail::wait_all(&first_, 1, what_, timeout_ms_);
+    if (!rest_.empty()) detail::wait_all(rest_.data(), static_cast<int>(rest_.size()), what_, timeout_ms_);
     rest_.clear();
     then_ = {};  // the buffer may be gone: an abandoned request is not finished
   }
   MPI_Request first_ = MPI_REQUEST_NULL;
   std::vector<MPI_Request> rest_;
   std::function<void()> then_;
+  collective what_{};
+  int timeout_ms_ = 0;
+};
+
+/// Knobs of a comm::mpi communicator.
+struct mpi_options {
+  /// How long one collective may wait for the other ranks before the job is ended with a line
+  /// naming it on every rank that can still print (comm::timeout_message); 0: no deadline.
+  /// 10 minutes, as NCCL's watchdog in PyTorch. Trainers set run_config::collective_timeout_ms.
+  int timeout_ms = 600'000;
+  /// The communicator's name in messages: a string literal (it is not copied).
+  char const* name = "world";
 };
 
 /// The communicator concept over an MPI communicator. `world()` views MPI_COMM_WORLD without
-/// owning it; `split()` returns communicators that free themselves. Move-only.
+/// owning it; `split()` returns communicators that free themselves. Move-only. Every collective
+/// is started non-blocking and waited for with the deadline of options().timeout_ms.
 class mpi {
  public:
   /// MPI_COMM_WORLD (not owned). Precondition: MPI is initialised (see cohort::environment).
   static mpi world() { return mpi(MPI_COMM_WORLD, false); }
 
   /// Wraps `comm`; frees it on destruction when `owned`.
-  mpi(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+  mpi(MPI_Comm comm, bool owned, mpi_options options = {}) : comm_(comm), owned_(owned), options_(options) {
     detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     detail::check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
   }
   mpi(mpi&& o) noexcept
       : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), owned_(std::exchange(o.owned_, false)),
-        rank_(o.rank_), size_(o.size_), scratch_(std::move(o.scratch_)) {}
+        rank_(o.rank_), size_(o.size_), options_(o.options_), sequence_(o.sequence_), scratch_(std::move(o.scratch_)) {}
   mpi& operator=(mpi&& o) noexcept {
     if (this != &o) {
       release();
@@ -254,6 +277,8 @@ class mpi {
       owned_ = std::exchange(o.owned_, false);
       rank_ = o.rank_;
       size_ = o.size_;
+      options_ = o.options_;
+      sequence_ = o.sequence_;
       scratch_ = std::move(o.scratch_);
     }
     return *this;
@@ -268,10 +293,13 @@ class mpi {
   int size() const { return size_; }
   /// The MPI handle, for code that calls MPI directly.
   MPI_Comm native() const { return comm_; }
+  /// The deadline and name of this communicator's collectives.
+  mpi_options const& options() const { return options_; }
+  void set_options(mpi_options options) { options_ = options; }
 
-  /// In-place element-wise reduction over all ranks. Cost: one MPI_Allreduce per 1 Gi elements;
+  /// In-place element-wise reduction over all ranks. Cost: one MPI_Iallreduce per 1 Gi elements;
   /// reduce_op::avg: a ring all-reduce with the division fused in (detail::ring_average) from
-  /// 32 KiB per rank, else MPI_Allreduce and one scaling pass.
+  /// 32 KiB per rank, else MPI_Iallreduce and one scaling pass.
   template <reducible T>
   void allreduce(T* data, std::size_t count, reduce_op op) {
     if (op == reduce_op::avg) {
@@ -280,7 +308,8 @@ class mpi {
       } else {
         if constexpr (std::floating_point<T>) {
           if (size_ > 1 && count * sizeof(T) >= detail::ring_min_bytes_per_rank * static_cast<std::size_t>(size_)) {
-            detail::ring_average(data, count, comm_, rank_, size_, scratch_);
+            detail::ring_average(data, count, comm_, rank_, size_, scratch_, next("allreduce", count * sizeof(T)),
+                                 options_.timeout_ms);
             return;
           }
         }
@@ -289,11 +318,14 @@ class mpi {
       }
       return;
     }
+    auto const what = next("allreduce", count * sizeof(T));
     for (std::size_t off = 0; off < count; off += detail::max_chunk) {
       auto n = static_cast<int>(std::min(detail::max_chunk, count - off));
-      detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + off, n, detail::mpi_type<T>(),
-                                      detail::mpi_op_for<T>(op), comm_),
-                        "MPI_Allreduce");
+      MPI_Request r;
+      detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data + off, n, detail::mpi_type<T>(), detail::mpi_op_for<T>(op),
+                                       comm_, &r),
+                        "MPI_Iallreduce");
+      detail::wait_all(&r, 1, what, options_.timeout_ms);
     }
   }
 
@@ -318,36 +350,51 @@ class mpi {
       if (off == 0) first = r;
       else rest.push_back(r);
     }
-    return mpi_request(first, std::move(rest), std::move(then));
+    return mpi_request(first, std::move(rest), std::move(then), next("iallreduce", count * sizeof(T)), options_.timeout_ms);
   }
 
   /// Copies `bytes` bytes from `root`'s buffer into every rank's buffer.
   void broadcast(std::byte* data, std::size_t bytes, int root) {
+    auto const what = next("broadcast", bytes);
     for (std::size_t off = 0; off < bytes; off += detail::max_chunk) {
       auto n = static_cast<int>(std::min(detail::max_chunk, bytes - off));
-      detail::check_mpi(MPI_Bcast(data + off, n, MPI_BYTE, root, comm_), "MPI_Bcast");
+      MPI_Request r;
+      detail::check_mpi(MPI_Ibcast(data + off, n, MPI_BYTE, root, comm_, &r), "MPI_Ibcast");
+      detail::wait_all(&r, 1, what, options_.timeout_ms);
     }
   }
 
   /// Gathers `bytes` bytes from every rank into `recv` (size() * bytes), in rank order.
   void allgather(std::byte const* send, std::size_t bytes, std::byte* recv) {
     if (bytes > detail::max_chunk) throw cohort::error("allgather of more than 1 GiB per rank is not supported");
-    detail::check_mpi(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv,
-                                    static_cast<int>(bytes), MPI_BYTE, comm_),
-                      "MPI_Allgather");
+    auto const what = next("allgather", bytes);
+    MPI_Request r;
+    detail::check_mpi(MPI_Iallgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE,
+                                     comm_, &r),
+                      "MPI_Iallgather");
+    detail::wait_all(&r, 1, what, options_.timeout_ms);
   }
 
   /// Blocks until every rank has entered the barrier.
-  void barrier() { detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() { barrier_named("barrier"); }
 
-  /// A new communicator holding the ranks that pass the same `color`, ordered by `key`.
+  /// A new communicator holding the ranks that pass the same `color`, ordered by `key`, with this
+  /// one's options. MPI_Comm_split has no non-blocking form: a barrier with the deadline first.
   mpi split(int color, int key) const {
+    barrier_named("split");
     MPI_Comm out = MPI_COMM_NULL;
     detail::check_mpi(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split");
-    return mpi(out, true);
+    return mpi(out, true, options_);
   }
 
  private:
+  collective next(char const* kind, std::size_t bytes) const { return {kind, options_.name, ++sequence_, bytes}; }
+  void barrier_named(char const* kind) const {
+    auto const what = next(kind, 0);
+    MPI_Request r;
+    detail::check_mpi(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");
+    detail::wait_all(&r, 1, what, options_.timeout_ms);
+  }
   void release() noexcept {
     if (owned_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
     comm_ = MPI_COMM_NULL;
@@ -357,6 +404,8 @@ class mpi {
   bool owned_ = false;
   int rank_ = 0;
   int size_ = 1;
+  mpi_options options_{};
+  mutable std::uint64_t sequence_ = 0;  ///< collectives started on this communicator (split() counts)
   std::vector<std::byte> scratch_;  ///< ring_average's receive segment
 };
 

@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "cohort/comm/communicator.hpp"
+#include "cohort/comm/deadline.hpp"
 #include "cohort/comm/mpi.hpp"
 #include "cohort/error.hpp"
 
@@ -34,7 +35,8 @@ namespace cohort::comm {
 /// Knobs of an NCCL communicator.
 struct nccl_options {
   /// How long wait()/barrier() let a collective run before the communicator is aborted and the
-  /// call throws (a peer that died or diverged would otherwise hang every rank).
+  /// call throws (a peer that died or diverged would otherwise hang every rank). prepare_model
+  /// sets run_config::collective_timeout_ms. 0: no deadline.
   int timeout_ms = 600'000;
 };
 
@@ -106,12 +108,13 @@ struct nccl_state {
         abort();
         check_nccl(async, what);
       }
-      if (std::chrono::steady_clock::now() > deadline) {
+      if (options.timeout_ms > 0 && std::chrono::steady_clock::now() > deadline) {
         abort();
         throw cohort::error(std::string("NCCL ") + what + " did not complete within " + std::to_string(options.timeout_ms) +
-                            " ms on rank " + std::to_string(rank) +
-                            " (a peer rank died, or the ranks entered different collectives): the communicator "
-                            "was aborted; check every rank's log, or raise the timeout (timeout_ms) for slow steps");
+                            " ms" + position_suffix(detail::position()()) +
+                            ": another rank is stopped, dead, unreachable or on another code path (check every rank's "
+                            "log), or the step is slower than the deadline (raise run_config.collective_timeout_ms): "
+                            "the NCCL communicator was aborted");
       }
       if (poll.count() > 0) std::this_thread::sleep_for(poll);
       else if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -195,12 +198,10 @@ class nccl_request {
 class nccl {
  public:
   /// Creates the NCCL communicator of the ranks of `bootstrap` on CUDA device `device`: rank 0
-  /// creates the unique id, one MPI_Bcast shares it, every rank calls ncclCommInitRank. The MPI
-  /// communicator is duplicated and kept for split(). Throws cohort::error on failure.
+  /// creates the unique id, one broadcast over MPI shares it, every rank calls ncclCommInitRank.
+  /// The MPI communicator is duplicated and kept for split(). Throws cohort::error on failure.
   nccl(mpi const& bootstrap, int device, nccl_options options = {}) : state_(std::make_shared<detail::nccl_state>()) {
-    MPI_Comm dup = MPI_COMM_NULL;
-    detail::check_mpi(MPI_Comm_dup(bootstrap.native(), &dup), "MPI_Comm_dup");
-    mpi_ = std::make_unique<mpi>(dup, true);
+    mpi_ = std::make_unique<mpi>(bootstrap.split(0, bootstrap.rank()));  // a duplicate, with the bootstrap's deadline
     state_->rank = mpi_->rank();
     state_->size = mpi_->size();
     state_->device = device;
@@ -208,7 +209,7 @@ class nccl {
     detail::check_cuda(cudaSetDevice(device), "cudaSetDevice");
     ncclUniqueId id{};
     if (state_->rank == 0) detail::check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    detail::check_mpi(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_->native()), "MPI_Bcast");
+    mpi_->broadcast(reinterpret_cast<std::byte*>(&id), sizeof id, 0);
     ncclComm_t made = nullptr;
     detail::check_nccl(ncclCommInitRank(&made, state_->size, id, state_->rank), "ncclCommInitRank");
     state_->comm = made;

@@ -37,10 +37,6 @@ struct model_options {
   /// magnitudes only from 6e-8 to 65504: smaller ones flush towards zero, larger ones become
   /// infinite), summed in float32 with a rounding per addition, and widened back.
   cohort::gradient_compression compression = cohort::gradient_compression::none;
-  /// GPU only: how long one backward's gradient all-reduces may run on the device before the
-  /// NCCL communicator is aborted and training stops with an error on every rank (a peer that
-  /// died or diverged would otherwise hang the job). 10 minutes, PyTorch's NCCL default.
-  int timeout_ms = 600'000;
 };
 
 /// Pure: whether buckets are reduced on a communication thread, given the knob, the node's cores

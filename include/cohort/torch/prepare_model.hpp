@@ -324,9 +324,11 @@ inline std::unique_ptr<device_buckets> make_device_buckets([[maybe_unused]] comm
 /// every rank enters the same collectives in the same order.
 class gradient_reducer {
  public:
+  /// `steps`: the ranks' agreement on control flow, started at the first hook of each
+  /// synchronised backward and awaited before its first all-reduce (null: none).
   gradient_reducer(comm::any& c, std::vector<torch::Tensor> params, model_options const& options, bool use_thread,
-                   std::unique_ptr<device_buckets> device = nullptr)
-      : comm_(c), params_(std::move(params)), device_(std::move(device)) {
+                   std::unique_ptr<device_buckets> device = nullptr, lockstep* steps = nullptr)
+      : comm_(c), params_(std::move(params)), steps_(steps), device_(std::move(device)) {
     torch::NoGradGuard no_grad;
     std::vector<tensor_spec> specs;
     for (auto const& p : params_) specs.push_back({p.nbytes(), static_cast<int>(p.scalar_type())});
@@ -466,6 +468,7 @@ class gradient_reducer {
   }
 
   void begin_pass() {
+    if (steps_) steps_->start(step::backward);  // awaited before the first all-reduce (launch_ready)
     in_pass_ = true;
     next_ = 0;
     std::fill(seen_.begin(), seen_.end(), false);
@@ -483,8 +486,10 @@ class gradient_reducer {
   /// other's backward there as well as at the end (bench_train_step: the CNN step 3.8% slower
   /// than a hand-written loop on average over 7 runs, 2.2% faster over 8 deferred ones).
   void launch_ready(bool at_end = false) {
+    if (!device_ && !worker_.joinable() && !at_end) return;
+    // Every rank is at this backward (else diverged is thrown): its all-reduces may start.
+    if (steps_ && steps_->pending()) steps_->finish();
     if (device_) return launch_on_device();
-    if (!worker_.joinable() && !at_end) return;
     while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
       auto b = next_++;
       // The last bucket has nothing left to overlap with: once the thread has finished the
@@ -607,6 +612,7 @@ class gradient_reducer {
 
   comm::any& comm_;
   std::vector<torch::Tensor> params_;
+  lockstep* steps_ = nullptr;
   float inv_size_f_ = 1.0f;  ///< 1 / ranks (compression divides by it)
   torch::Tensor inv_size_;   ///< the same as a scalar tensor, for at::mul_out on the GPU
   std::vector<torch::Tensor> aliases_;  ///< per parameter: its slot in its bucket's flat buffer
@@ -695,10 +701,12 @@ class prepared_model {
 /// `ctx.prepare_model(module, options)`: checks the layout on every rank (a mismatch is a
 /// cohort::error on every rank, naming the first differing tensor and rank), moves the module to
 /// the rank's device, broadcasts parameters and buffers from rank 0 and installs the gradient
-/// reducer. Collective: every rank of the trainer must call it, in the same order.
-/// Cost: two allgathers of the layout text, one broadcast per tensor.
+/// reducer. Collective: every rank of the trainer must call it, in the same order (a rank that
+/// does not is an error on every rank, see docs/fault-tolerance.md).
+/// Cost: one agreement (a small all-reduce), two allgathers of the layout text, one broadcast per tensor.
 template <class Module>
 prepared_model<Module> prepare_model_for(context& ctx, Module module, model_options const& options) {
+  ctx.lockstep().agree(detail::step::prepare_model);  // every rank is here (else diverged on every rank)
   torch::nn::Module& m = *prepared_model<Module>(module, nullptr).get();
   m.to(to_torch(ctx.device()));
   auto& c = ctx.comm();
@@ -726,9 +734,10 @@ prepared_model<Module> prepare_model_for(context& ctx, Module module, model_opti
       if (p.requires_grad()) params.push_back(p);
     bool const on_gpu = ctx.device().kind == device_kind::cuda;
     bool const thread = !on_gpu && use_communication_thread(options.reduce_on, scaling::node_cores(), ctx.local_world_size());
-    auto device = on_gpu ? detail::make_device_buckets(c, ctx.device().index, options.timeout_ms) : nullptr;
+    auto device = on_gpu ? detail::make_device_buckets(c, ctx.device().index, ctx.collective_timeout_ms()) : nullptr;
     if (!params.empty())
-      reducer = std::make_shared<detail::gradient_reducer>(c, std::move(params), options, thread, std::move(device));
+      reducer = std::make_shared<detail::gradient_reducer>(c, std::move(params), options, thread, std::move(device),
+                                                           &ctx.lockstep());
   }
   return prepared_model<Module>(std::move(module), std::move(reducer));
 }

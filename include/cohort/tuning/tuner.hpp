@@ -8,6 +8,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -626,7 +627,8 @@ class tuner {
     MPI_Query_thread(&provided);
     MPI_Comm comm = MPI_COMM_NULL;
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
-    comm::mpi world(comm, true);
+    int const timeout_ms = std::max(run.collective_timeout_ms, 0);
+    comm::mpi world(comm, true, {.timeout_ms = timeout_ms, .name = "tuner"});
     int const rank = world.rank(), size = world.size();
     int const per = config_.ranks_per_trial;
     std::optional<std::string> err;
@@ -673,6 +675,7 @@ class tuner {
         coord->serve();
       });
     comm::mpi group = world.split(rank / per, rank);
+    group.set_options({.timeout_ms = timeout_ms, .name = "trial group"});
     bool const leader = group.rank() == 0;
 
     cohort::detail::signal_guard signals;  // SIGTERM/SIGINT between trials: no new trial starts
@@ -689,7 +692,10 @@ class tuner {
           text = tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag).dump();
         }
       }
+      // The leader waits for the coordinator as long as other trials run: no deadline on this one.
+      group.set_options({.timeout_ms = 0, .name = "trial group"});
       auto assignment = nlohmann::json::parse(comm::broadcast_string(group, text));
+      group.set_options({.timeout_ms = timeout_ms, .name = "trial group"});
       if (assignment.contains("done")) break;
       auto const id = assignment.at("trial_id").get<std::string>();
       trial_run.name = id;

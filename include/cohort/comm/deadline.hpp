@@ -1,0 +1,214 @@
+#pragma once
+/// \file
+/// Deadlines on collectives. comm::mpi starts every collective non-blocking and waits for it
+/// here: past the communicator's timeout, or when another rank gave up (the alarm), the rank
+/// prints one line naming the collective and where its functor is, and the job is aborted; when
+/// the job is being killed (SIGTERM while a peer does not answer), it says where it waits. Never
+/// a hang.
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "cohort/detail/stop_signal.hpp"
+
+namespace cohort::comm {
+
+/// A collective in flight, as error messages name it.
+struct collective {
+  char const* kind = "";       ///< "allreduce", "broadcast", "allgather", "barrier", "split"
+  char const* comm_name = "";  ///< the communicator's name (mpi_options::name)
+  std::uint64_t sequence = 0;  ///< its number on that communicator, from 1
+  std::size_t bytes = 0;       ///< this rank's payload
+};
+
+/// Pure: a collective as messages name it, e.g. "allreduce #12 on 'gradients' (4096 bytes)".
+inline std::string describe(collective const& c) {
+  return std::string(c.kind) + " #" + std::to_string(c.sequence) + " on '" + c.comm_name + "' (" +
+         std::to_string(c.bytes) + " bytes)";
+}
+
+/// Pure: " (at report 3, backward 41)" from a position, or nothing when it is empty.
+inline std::string position_suffix(std::string const& position) {
+  return position.empty() ? std::string{} : " (this rank is at " + position + ")";
+}
+
+/// Pure: the line a rank prints when a collective outlived its deadline (comm::mpi; the NCCL
+/// backend uses the same shape).
+inline std::string timeout_message(int rank, collective const& c, int timeout_ms, std::string const& position) {
+  return "[cohort] rank " + std::to_string(rank) + ": error: " + describe(c) + " did not complete within " +
+         std::to_string(timeout_ms) + " ms" + position_suffix(position) +
+         ": another rank is stopped, dead, unreachable or on another code path (check every rank's log), or the "
+         "step is slower than the deadline (raise run_config.collective_timeout_ms): aborting the job";
+}
+
+namespace detail {
+
+/// What this process's functor is doing ("report 3, backward 41"), for deadline messages: set
+/// by the trainer for the duration of fit(), empty otherwise.
+class position_source {
+ public:
+  void set(std::function<std::string()> f) {
+    std::lock_guard lock(mutex_);
+    describe_ = std::move(f);
+  }
+  std::string operator()() {
+    std::lock_guard lock(mutex_);
+    return describe_ ? describe_() : std::string{};
+  }
+
+ private:
+  std::mutex mutex_;
+  std::function<std::string()> describe_;
+};
+
+inline position_source& position() {
+  static position_source p;
+  return p;
+}
+
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+/// The job's alarm: one message from a rank that is ending the job to every other rank, so that
+/// each rank waiting in a collective prints where it is before the job is aborted. A duplicate of
+/// MPI_COMM_WORLD with one receive posted; set up by cohort::environment (MPI_THREAD_MULTIPLE),
+/// absent when MPI was initialised by someone else.
+class alarm {
+ public:
+  static constexpr int tag = 0x616c;  // "al"
+
+  void start() {
+    if (comm_ != MPI_COMM_NULL) return;
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    MPI_Irecv(&from_, 1, MPI_INT, MPI_ANY_SOURCE, tag, comm_, &pending_);
+  }
+  /// Before MPI_Finalize.
+  void stop() {
+    std::lock_guard lock(mutex_);
+    if (comm_ == MPI_COMM_NULL) return;
+    if (pending_ != MPI_REQUEST_NULL) {
+      MPI_Cancel(&pending_);
+      MPI_Wait(&pending_, MPI_STATUS_IGNORE);
+    }
+    MPI_Comm_free(&comm_);
+    comm_ = MPI_COMM_NULL;
+  }
+  /// The rank that raised the alarm, or -1. Cheap to call often; one thread at a time tests.
+  int poll() {
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (!lock || comm_ == MPI_COMM_NULL || pending_ == MPI_REQUEST_NULL) return -1;
+    int done = 0;
+    MPI_Test(&pending_, &done, MPI_STATUS_IGNORE);
+    return done ? from_ : -1;
+  }
+  /// Tells every other rank (without waiting: some may be gone).
+  void raise() {
+    std::lock_guard lock(mutex_);
+    if (comm_ == MPI_COMM_NULL) return;
+    int size = 0;
+    MPI_Comm_size(comm_, &size);
+    me_ = world_rank();
+    for (int r = 0; r < size; ++r) {
+      if (r == me_) continue;
+      MPI_Request req;
+      MPI_Isend(&me_, 1, MPI_INT, r, tag, comm_, &req);
+      MPI_Request_free(&req);
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Request pending_ = MPI_REQUEST_NULL;
+  int from_ = -1;
+  int me_ = 0;
+};
+
+inline alarm& job_alarm() {
+  static alarm a;
+  return a;
+}
+
+/// How long a rank that ends the job waits after raising the alarm, so that the ranks waiting in
+/// collectives print their own line before MPI_Abort takes them down.
+inline constexpr auto alarm_grace = std::chrono::milliseconds(1000);
+/// How long a collective waits once the process got SIGTERM or SIGINT before it says where it
+/// waits: mpirun sends SIGTERM to every rank when one dies, and SIGKILL 1 s later.
+inline constexpr auto signal_grace = std::chrono::milliseconds(300);
+
+/// Prints `line`, raises the alarm and aborts the job. The first caller in the process does;
+/// any other thread arriving here waits for the abort.
+[[noreturn]] inline void abort_job(std::string const& line, bool alarm_others = true) {
+  static std::atomic<bool> aborting{false};
+  if (aborting.exchange(true))
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  auto const text = line + "\n";
+  [[maybe_unused]] auto written = ::write(2, text.data(), text.size());
+  if (alarm_others) {
+    job_alarm().raise();
+    std::this_thread::sleep_for(alarm_grace);
+  }
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+/// Waits for `n` requests of one collective, without a deadline when `timeout_ms` is 0. Ends the
+/// job (abort_job) when the deadline passes or when another rank raised the alarm. When a stop
+/// signal arrived and the peers still do not answer after signal_grace, says so once (mpirun
+/// kills the other ranks that way when one dies) and goes on waiting.
+inline void wait_all(MPI_Request* requests, int n, collective const& what, int timeout_ms) {
+  using clock = std::chrono::steady_clock;
+  int done = 0;
+  MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE);
+  if (done) return;
+  auto const start = clock::now();
+  auto next_alarm_check = start;
+  clock::time_point signalled{};
+  bool told = false;
+  for (;;) {
+    MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE);
+    if (done) return;
+    auto const now = clock::now();
+    if (timeout_ms > 0 && now - start > std::chrono::milliseconds(timeout_ms))
+      abort_job(timeout_message(world_rank(), what, timeout_ms, position()()));
+    if (now < next_alarm_check) continue;
+    next_alarm_check = now + std::chrono::milliseconds(1);
+    if (int const from = job_alarm().poll(); from >= 0)
+      abort_job("[cohort] rank " + std::to_string(world_rank()) + ": error: rank " + std::to_string(from) +
+                    " is ending the job (see its error) while this rank waits in " + describe(what) +
+                    position_suffix(position()()) + ": aborting",
+                false);
+    if (int const s = cohort::detail::stop_signal().load(); s != 0 && !told) {
+      if (signalled == clock::time_point{}) signalled = now;
+      if (now - signalled > signal_grace) {
+        // Said once, and the wait goes on: if a rank died, the launcher kills this one next;
+        // if the collective completes after all, the run stops at its next report.
+        told = true;
+        auto const text = "[cohort] rank " + std::to_string(world_rank()) + ": error: " + (s == SIGINT ? "SIGINT" : "SIGTERM") +
+                          " received while waiting in " + describe(what) + position_suffix(position()()) +
+                          ", which the other ranks have not completed " + std::to_string(signal_grace.count()) +
+                          " ms later: a rank died or the job is being cancelled; committed checkpoints are intact, "
+                          "rerun the same command to resume\n";
+        [[maybe_unused]] auto written = ::write(2, text.data(), text.size());
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+}  // namespace cohort::comm
