@@ -15,8 +15,9 @@ fail() { echo "FAIL ($what): $*"; exit 1; }
 
 # What each case must do: the exit (ok / fail), the lines its output must have, and the bound in
 # seconds from the misbehaviour to the end of the job. Cases without --timeout-ms run with the
-# default deadline (10 minutes): what they find, the ranks' agreement finds in seconds.
-args=() expect=ok bound=60 patterns=()
+# default deadline (10 minutes): what they find, the ranks' agreement finds within a step (the
+# issue's bound is 60 s; 20 s leaves a loaded machine room and still fails a deadline or a hang).
+args=() expect=ok bound=20 patterns=()
 diverged() { patterns=("rank 0: error: the ranks' control flow diverged: .*$1" "rank 1: error: the ranks' control flow diverged"
                        "rank 2: error: the ranks' control flow diverged"); }
 case $what in

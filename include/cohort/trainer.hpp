@@ -489,6 +489,8 @@ class trainer {
   static void wait_or_abort(Done done, int timeout_ms, int rank, std::string const& failure) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (!done()) {
+      if (comm::detail::job_alarm().poll() >= 0)  // another rank is ending the job: say why this one stopped
+        comm::detail::abort_job("[cohort] rank " + std::to_string(rank) + ": error: " + failure, false);
       if (std::chrono::steady_clock::now() > deadline)
         comm::detail::abort_job("[cohort] rank " + std::to_string(rank) + ": error: " + failure + "\n[cohort] rank " +
                                 std::to_string(rank) + ": the other ranks did not finish within " +
