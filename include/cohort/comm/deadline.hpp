@@ -146,6 +146,8 @@ inline alarm& job_alarm() {
 /// How long a rank that ends the job waits after raising the alarm, so that the ranks waiting in
 /// collectives print their own line before MPI_Abort takes them down.
 inline constexpr auto alarm_grace = std::chrono::milliseconds(1000);
+/// After this long, a wait polls every 50 us instead of spinning.
+inline constexpr auto long_wait = std::chrono::milliseconds(100);
 /// How long a collective waits once the process got SIGTERM or SIGINT before it says where it
 /// waits: mpirun sends SIGTERM to every rank when one dies, and SIGKILL 1 s later.
 inline constexpr auto signal_grace = std::chrono::milliseconds(300);
@@ -183,6 +185,9 @@ inline void wait_all(MPI_Request* requests, int n, collective const& what, int t
     MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE);
     if (done) return;
     auto const now = clock::now();
+    // A long wait (another trial group's work, a peer's long evaluation) polls every 50 us
+    // instead of spinning, leaving the core to whoever works meanwhile.
+    if (now - start > long_wait) std::this_thread::sleep_for(std::chrono::microseconds(50));
     if (timeout_ms > 0 && now - start > std::chrono::milliseconds(timeout_ms))
       abort_job(timeout_message(world_rank(), what, timeout_ms, position()()));
     if (now < next_alarm_check) continue;

@@ -37,6 +37,9 @@ struct model_options {
   /// magnitudes only from 6e-8 to 65504: smaller ones flush towards zero, larger ones become
   /// infinite), summed in float32 with a rounding per addition, and widened back.
   cohort::gradient_compression compression = cohort::gradient_compression::none;
+  /// GPU only, kept for code that sets it: a deadline for the NCCL gradient path other than
+  /// run_config::collective_timeout_ms, which it follows when 0 (the default).
+  int timeout_ms = 0;
 };
 
 /// Pure: whether buckets are reduced on a communication thread, given the knob, the node's cores

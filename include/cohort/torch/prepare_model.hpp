@@ -734,7 +734,7 @@ prepared_model<Module> prepare_model_for(context& ctx, Module module, model_opti
       if (p.requires_grad()) params.push_back(p);
     bool const on_gpu = ctx.device().kind == device_kind::cuda;
     bool const thread = !on_gpu && use_communication_thread(options.reduce_on, scaling::node_cores(), ctx.local_world_size());
-    auto device = on_gpu ? detail::make_device_buckets(c, ctx.device().index, ctx.collective_timeout_ms()) : nullptr;
+    auto device = on_gpu ? detail::make_device_buckets(c, ctx.device().index, options.timeout_ms > 0 ? options.timeout_ms : ctx.collective_timeout_ms()) : nullptr;
     if (!params.empty())
       reducer = std::make_shared<detail::gradient_reducer>(c, std::move(params), options, thread, std::move(device),
                                                            &ctx.lockstep());
