@@ -347,20 +347,17 @@ class trainer {
     // A rank that failed on its own tells the others at their next agreement point; it waits at
     // most abort_timeout_ms for them to get there, then aborts the job rather than hang.
     if (failure && !preempted && !steps.broken()) {
-      if (steps.pending()) {
-        wait_or_abort([&] { return steps.test(); }, run.abort_timeout_ms, rank, *failure);
-        try {
-          steps.finish();
-        } catch (detail::diverged const&) {
-        }
-      }
-      if (!steps.broken()) {
-        steps.start(detail::step::failed);
+      auto settle = [&] {  // the agreement in flight, waited for at most abort_timeout_ms
         wait_or_abort([&] { return steps.test(); }, run.abort_timeout_ms, rank, *failure);
         try {
           steps.finish();
         } catch (detail::diverged const&) {  // the others were elsewhere: they now stop too
         }
+      };
+      if (steps.pending()) settle();  // one the functor left started (a backward that threw)
+      if (!steps.broken()) {
+        steps.start(detail::step::failed);
+        settle();
       }
     }
     // Completion: [failed (2: its own error, 1: another rank's), max reports, -min reports]; a
