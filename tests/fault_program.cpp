@@ -1,13 +1,21 @@
-// A training run for the fault-tolerance tests: checkpoints every epoch, resumes from the latest,
-// and can hurt itself once, on a fresh run only: --kill-at K (the last rank SIGKILLs itself
-// before report K) or --term-at K (the last rank gets SIGTERM before report K). Rank 0 writes
-// the final parameters to <storage>/<name>.params.json.
+// A training run for the fault-tolerance and many-host tests: checkpoints every epoch, resumes from
+// the latest, and can hurt itself once, on a fresh run only: --kill-at K (the last rank SIGKILLs
+// itself before report K) or --term-at K (the last rank gets SIGTERM before report K). Rank 0
+// writes the final parameters to <storage>/<name>.params.json. Every rank prints its placement
+// ("topology ..."); on resume rank 0 prints the world size and the samples seen ("resumed ...").
+// --min-workers N runs elastic (scaling::cpu{.min_workers = N}); --step-ms slows each step down;
+// --timeout-ms sets run_config::collective_timeout_ms.
 #include <cohort/cohort.hpp>
 
 #include "small_net.hpp"
 
+#include <unistd.h>
+
+#include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <fstream>
+#include <thread>
 
 namespace {
 
@@ -18,7 +26,7 @@ using net = cohort_test::small_net;
 int main(int argc, char** argv) {
   cohort::environment env{argc, argv};
   std::string storage = "runs", name = "fault";
-  int epochs = 5, kill_at = -1, term_at = -1;
+  int epochs = 5, kill_at = -1, term_at = -1, min_workers = 0, step_ms = 0, timeout_ms = 600'000;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string f = argv[i], v = argv[i + 1];
     if (f == "--storage") storage = v;
@@ -26,11 +34,20 @@ int main(int argc, char** argv) {
     else if (f == "--epochs") epochs = std::stoi(v);
     else if (f == "--kill-at") kill_at = std::stoi(v);
     else if (f == "--term-at") term_at = std::stoi(v);
+    else if (f == "--min-workers") min_workers = std::stoi(v);
+    else if (f == "--step-ms") step_ms = std::stoi(v);
+    else if (f == "--timeout-ms") timeout_ms = std::stoi(v);
   }
   auto x = torch::linspace(-1, 1, 90).reshape({30, 3});
   cohort::tensor_dataset data{x, x.sum(1, true).sin()};
 
   auto train = [&](cohort::context& ctx) {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    std::printf("topology world_rank=%d world_size=%d node_rank=%d num_nodes=%d local_rank=%d local_world_size=%d host=%s\n",
+                ctx.world_rank(), ctx.world_size(), ctx.node_rank(), ctx.num_nodes(), ctx.local_rank(),
+                ctx.local_world_size(), host);
+    std::fflush(stdout);
     torch::manual_seed(11);
     auto model = ctx.prepare_model(net());
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -40,6 +57,10 @@ int main(int argc, char** argv) {
       cohort::loader_state position;
       cohort::load_checkpoint(*ctx.checkpoint(), model, opt, position);
       loader.restore(position);
+      if (ctx.world_rank() == 0)
+        std::printf("resumed at epoch %lld with %d ranks (saved with %lld), %lld samples of the epoch seen\n",
+                    static_cast<long long>(position.epoch), ctx.world_size(), static_cast<long long>(position.world_size),
+                    static_cast<long long>(loader.state().samples_seen()));
     }
     bool const hurts = fresh && ctx.world_rank() == ctx.world_size() - 1;
     while (loader.state().epoch < epochs) {
@@ -47,6 +68,7 @@ int main(int argc, char** argv) {
         opt.zero_grad();
         torch::mse_loss(model(b.inputs), b.targets).backward();
         opt.step();
+        if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
       }
       auto next = loader.state().epoch;  // the report about to be made
       if (hurts && next == kill_at) std::raise(SIGKILL);
@@ -61,8 +83,9 @@ int main(int argc, char** argv) {
     if (ctx.world_rank() == 0) std::ofstream(std::filesystem::path(storage) / (name + ".params.json")) << nlohmann::json(params).dump();
   };
   auto result = cohort::trainer{train, cohort::datasets{{"train", data}}, cohort::sharding::shuffled{.seed = 3},
-                                cohort::checkpointing::keep_last{.num_to_keep = 2}}
-                    .fit(nlohmann::json::object(), {.name = name, .storage_path = storage, .verbose = 0});
+                                cohort::checkpointing::keep_last{.num_to_keep = 2}, cohort::scaling::cpu{.min_workers = min_workers}}
+                    .fit(nlohmann::json::object(),
+                         {.name = name, .storage_path = storage, .verbose = 0, .collective_timeout_ms = timeout_ms});
   if (result.preempted) return cohort::exit_code_preempted;
   return result.ok() ? 0 : 1;
 }

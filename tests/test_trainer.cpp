@@ -182,3 +182,26 @@ TEST_CASE("a trainer runs on a split communicator", "[trainer][mpi]") {
   CHECK(r.return_values.size() == static_cast<std::size_t>(group.size()));
   CHECK(r.return_values.front() == group.size());
 }
+
+TEST_CASE("storage that some hosts cannot see is named with those ranks and hosts", "[trainer][pure]") {
+  std::vector<std::string> const hosts{"h1", "h1", "h2", "h3"};
+  CHECK_FALSE(cohort::detail::unshared_storage_error({true, true, true, true}, hosts, "/s/run").has_value());
+  auto e = cohort::detail::unshared_storage_error({true, true, false, false}, hosts, "/s/run");
+  REQUIRE(e.has_value());
+  CHECK(*e == "storage_path is not shared by every host: rank 2 on h2, rank 3 on h3 cannot see the run directory /s/run "
+              "that rank 0 made on h1: set run_config.storage_path to a folder every host mounts (NFS or a parallel file system)");
+  std::vector<bool> many(20, false);
+  many[0] = true;
+  auto m = cohort::detail::unshared_storage_error(many, std::vector<std::string>(20, "x"), "/s");
+  REQUIRE(m.has_value());
+  CHECK_THAT(*m, contains_text("rank 8 on x and 11 more cannot see"));
+}
+
+TEST_CASE("storage every rank sees passes the check on one host", "[trainer][mpi]") {
+  auto world = cohort::comm::mpi::world();
+  auto dir = cohort_test::scratch("shared_storage");
+  std::filesystem::create_directories(dir);
+  CHECK_FALSE(cohort::detail::check_shared_storage(world, dir, "here").has_value());
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(std::filesystem::is_empty(dir));  // the probe file is removed
+}

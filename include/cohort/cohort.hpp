@@ -32,6 +32,7 @@
 #include "cohort/sharding/datasets.hpp"
 #include "cohort/sharding/loader_options.hpp"
 #include "cohort/sharding/policies.hpp"
+#include "cohort/sharding/redeal.hpp"
 #include "cohort/sharding/views.hpp"
 #include "cohort/torch/bucket_plan.hpp"
 #include "cohort/torch/model_options.hpp"

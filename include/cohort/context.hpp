@@ -41,6 +41,7 @@
 #include "cohort/scaling/topology.hpp"
 #include "cohort/sharding/datasets.hpp"
 #include "cohort/sharding/loader_options.hpp"
+#include "cohort/sharding/redeal.hpp"
 #include "cohort/torch/model_options.hpp"
 
 namespace cohort {
@@ -421,7 +422,7 @@ class context {
   /// Built by the trainer.
   context(scaling::topology topo, cohort::device dev, int threads, std::string name, std::filesystem::path run_path,
           comm::any& work, detail::report_state& reports,
-          std::function<std::vector<std::size_t>(std::size_t, int, int, std::int64_t)> shard,
+          sharding::indices_fn shard,
           cohort::datasets const* data = nullptr, std::uint64_t sharding_seed = 0)
       : topo_(topo), device_(dev), threads_(threads), name_(std::move(name)), run_path_(std::move(run_path)),
         comm_(work), reports_(reports), shard_(std::move(shard)), datasets_(data), sharding_seed_(sharding_seed) {}
@@ -433,6 +434,7 @@ class context {
   int local_rank() const { return topo_.local_rank; }            ///< rank among this node's ranks
   int local_world_size() const { return topo_.local_world_size; }  ///< ranks on this node
   int node_rank() const { return topo_.node_rank; }              ///< this node's index
+  int num_nodes() const { return topo_.num_nodes; }              ///< nodes (hosts) the ranks run on
   std::string const& experiment_name() const { return name_; }    ///< the run's name (run_config.name)
   std::filesystem::path const& run_path() const { return run_path_; }  ///< the run directory
   cohort::device device() const { return device_; }               ///< this rank's compute device
@@ -482,6 +484,10 @@ class context {
   std::vector<std::size_t> shard_indices(std::size_t dataset_size, std::int64_t epoch) const {
     return shard_(dataset_size, topo_.world_size, topo_.world_rank, epoch);
   }
+
+  /// The trainer's sharding policy for any world size, and this rank's place in it (what a
+  /// loader needs to deal the rest of an epoch again when a job resumes at another world size).
+  sharding::rank_shard sharding() const { return {shard_, topo_.world_size, topo_.world_rank}; }
 
   /// This rank's loader of the trainer's dataset `name` (a cohort::tensor_dataset given through
   /// cohort::datasets): sharded by the trainer's policy, batched, prefetched, on this rank's
@@ -534,7 +540,7 @@ class context {
   std::filesystem::path run_path_;
   comm::any& comm_;
   detail::report_state& reports_;
-  std::function<std::vector<std::size_t>(std::size_t, int, int, std::int64_t)> shard_;
+  sharding::indices_fn shard_;
   cohort::datasets const* datasets_;
   std::uint64_t sharding_seed_;
   std::map<std::string, std::shared_ptr<void>> loaders_;

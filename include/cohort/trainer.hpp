@@ -38,6 +38,7 @@
 #include "cohort/comm/mpi.hpp"
 #include "cohort/concepts.hpp"
 #include "cohort/context.hpp"
+#include "cohort/detail/shared_storage.hpp"
 #include "cohort/detail/callable.hpp"
 #include "cohort/detail/lockstep.hpp"
 #include "cohort/environment.hpp"
@@ -291,6 +292,8 @@ class trainer {
         if (row.value("training_iteration", std::int64_t{0}) <= reports.count) reports.history.push_back(row);
 
     auto topo = scaling::discover_topology(control, detail::host_name());
+    if (topo.num_nodes > 1)  // checkpoints are written by every rank and read back by every rank
+      if (auto e = detail::check_shared_storage(control, run_path, detail::host_name())) return fail(std::move(out), *e, rank);
     if constexpr (requires(scaling_type const& p) { p.placement_error(topo, 0); }) {
       if (auto e = comm::agree_on_error(control, scaling().placement_error(topo, scaling::visible_cuda_devices())))
         return fail(std::move(out), *e, rank);

@@ -41,6 +41,25 @@ TEST_CASE("scaling::cpu accepts the launched rank count and rejects another", "[
   CHECK(cohort::scaling::cpu{.num_workers = -1}.check(2).has_value());
 }
 
+TEST_CASE("scaling::cpu with a worker range accepts any rank count in it (elastic relaunch)", "[scaling][pure]") {
+  cohort::scaling::cpu const elastic{.min_workers = 2, .max_workers = 4};
+  for (int n : {2, 3, 4}) CHECK_FALSE(elastic.check(n).has_value());
+  auto few = elastic.check(1);
+  REQUIRE(few.has_value());
+  CHECK_THAT(*few, contains_text("scaling::cpu{.min_workers = 2} but the job has 1 rank: too few hosts are left"));
+  auto many = elastic.check(5);
+  REQUIRE(many.has_value());
+  CHECK_THAT(*many, contains_text("scaling::cpu{.max_workers = 4} but the job has 5 ranks: launch with mpirun -np 4 or fewer"));
+  CHECK_FALSE(cohort::scaling::cpu{.min_workers = 3}.check(17).has_value());  // no maximum
+  auto both = cohort::scaling::cpu{.num_workers = 2, .min_workers = 1}.check(2);
+  REQUIRE(both.has_value());
+  CHECK_THAT(*both, contains_text("either an exact count or a range"));
+  auto upside_down = cohort::scaling::cpu{.min_workers = 3, .max_workers = 2}.check(2);
+  REQUIRE(upside_down.has_value());
+  CHECK_THAT(*upside_down, contains_text("the minimum is above the maximum"));
+  CHECK(cohort::scaling::cpu{.max_workers = -1}.check(2).has_value());
+}
+
 TEST_CASE("intra-op threads default to the cores per local rank", "[scaling][pure]") {
   auto t = topology_from_hosts({"a", "a", "a", "b"}, 0);
   CHECK(cohort::scaling::cpu{}.intra_op_threads(t, 12) == 4);

@@ -1,5 +1,9 @@
 #include <cohort/concepts.hpp>
 #include <cohort/sharding/policies.hpp>
+#include <cohort/sharding/redeal.hpp>
+
+#include <algorithm>
+#include <map>
 
 #include <set>
 
@@ -48,4 +52,81 @@ TEST_CASE("global batch size is per-worker batch size times the world size", "[s
   CHECK(cohort::global_batch_size(64, 3) == 192);
   CHECK(cohort::per_worker_batch_size(192, 3) == 64);
   CHECK_THROWS_WITH(cohort::per_worker_batch_size(100, 3), contains_text("does not divide over 3 ranks"));
+}
+
+namespace {
+
+/// What ranks of `world` trained on in the first `batches` batches of `batch` samples of `epoch`
+/// (each rank's own dealing, as the loader hands it out), and what is left to them.
+template <class P>
+std::vector<std::size_t> first_batches(P const& p, std::size_t size, int world, std::int64_t epoch, std::size_t batches,
+                                       std::size_t batch) {
+  std::vector<std::size_t> out;
+  for (int r = 0; r < world; ++r) {
+    auto idx = p.indices(size, world, r, epoch);
+    out.insert(out.end(), idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(std::min(idx.size(), batches * batch)));
+  }
+  return out;
+}
+
+std::map<std::size_t, int> counts(std::vector<std::size_t> const& v) {
+  std::map<std::size_t, int> c;
+  for (auto i : v) ++c[i];
+  return c;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("an epoch dealt again to another world size goes on from exactly the samples seen", "[sharding][pure]",
+                   shuffled, contiguous, interleaved) {
+  TestType const policy{};
+  indices_fn const fn = [policy](std::size_t n, int w, int r, std::int64_t e) { return policy.indices(n, w, r, e); };
+  std::size_t const size = 48;
+  // 4 ranks, batches of 3: 2 batches trained (24 samples), then 3 ranks go on.
+  auto seen = first_batches(policy, size, 4, 5, 2, 3);
+  auto const sequence = epoch_sequence(fn, size, 4, 5);
+  CHECK(counts(std::vector<std::size_t>(sequence.begin(), sequence.begin() + 24)) == counts(seen));  // a prefix
+  std::vector<std::size_t> rest_all;
+  for (int r = 0; r < 3; ++r) {
+    auto mine = redeal(fn, size, 5, 4, 24, 3, r);
+    CHECK(mine.size() == 8);  // equal counts
+    rest_all.insert(rest_all.end(), mine.begin(), mine.end());
+  }
+  auto whole = seen;
+  whole.insert(whole.end(), rest_all.begin(), rest_all.end());
+  CHECK(counts(whole) == counts(first_batches(policy, size, 4, 5, 16, 3)));  // the uninterrupted epoch, once each
+
+  // Then 3 ranks train one batch of 2 (6 more samples, still a prefix) and 2 ranks go on.
+  for (int r = 0; r < 3; ++r) {
+    auto mine = redeal(fn, size, 5, 4, 24, 3, r);
+    seen.insert(seen.end(), mine.begin(), mine.begin() + 2);
+  }
+  CHECK(counts(std::vector<std::size_t>(sequence.begin(), sequence.begin() + 30)) == counts(seen));
+  whole = seen;
+  for (int r = 0; r < 2; ++r) {
+    auto mine = redeal(fn, size, 5, 4, 30, 2, r);
+    CHECK(mine.size() == 9);
+    whole.insert(whole.end(), mine.begin(), mine.end());
+  }
+  CHECK(counts(whole) == counts(first_batches(policy, size, 4, 5, 16, 3)));
+}
+
+TEST_CASE("a rest that does not divide evenly repeats its first samples, as padding does", "[sharding][pure]") {
+  shuffled const policy{.seed = 3};
+  indices_fn const fn = [policy](std::size_t n, int w, int r, std::int64_t e) { return policy.indices(n, w, r, e); };
+  auto const sequence = epoch_sequence(fn, 50, 4, 0);  // 13 per rank, 2 samples padded
+  REQUIRE(sequence.size() == 52);
+  std::vector<std::size_t> rest;
+  for (int r = 0; r < 3; ++r) {
+    auto mine = redeal(fn, 50, 0, 4, 12, 3, r);  // 40 left over 3 ranks: 14 each, 2 repeated
+    CHECK(mine.size() == 14);
+    rest.insert(rest.end(), mine.begin(), mine.end());
+  }
+  auto c = counts(rest);
+  auto expected = counts(std::vector<std::size_t>(sequence.begin() + 12, sequence.end()));
+  ++expected[sequence[12]];
+  ++expected[sequence[13]];
+  CHECK(c == expected);
+  CHECK(redeal(fn, 50, 0, 4, 52, 3, 0).empty());  // nothing left: an empty rest on every rank
+  CHECK(redeal(fn, 50, 0, 4, 99, 2, 1).empty());
 }

@@ -99,7 +99,8 @@ TEST_CASE("a restored loader position continues with exactly the uninterrupted s
     }
     saved = first.state();
   }
-  CHECK(saved == nlohmann::json{{"epoch", 1}, {"position", 4}, {"seed", 7}});
+  CHECK(saved == nlohmann::json{{"epoch", 1}, {"position", 4}, {"seed", 7}, {"world_size", 0}, {"batch_size", 3},
+                                {"epoch_world_size", 0}, {"epoch_offset", 0}});
   auto resumed = make();
   resumed.restore(saved.get<cohort::loader_state>());
   while (resumed.state().epoch < 3)
@@ -108,6 +109,57 @@ TEST_CASE("a restored loader position continues with exactly the uninterrupted s
   CHECK(got == expected);
   auto other_seed = cohort::data_loader<cohort::tensor_dataset>(numbered(40), one_of(2, 0, 8), {.batch_size = 3}, {}, 8);
   CHECK_THROWS_WITH(other_seed.restore(saved.get<cohort::loader_state>()), contains_text("saved with sharding seed 7"));
+}
+
+TEST_CASE("a loader resumed at another world size goes on from exactly the samples seen", "[torch][data]") {
+  // 4 ranks train epoch 0 and 2 batches of epoch 1; the job is relaunched with 3 ranks.
+  auto shard = [](int world, int rank) {
+    return cohort::sharding::rank_shard{[](std::size_t n, int w, int r, std::int64_t e) { return cohort::sharding::shuffled{.seed = 5}.indices(n, w, r, e); },
+                                        world, rank};
+  };
+  auto make = [&](int world, int rank) {
+    return cohort::data_loader<cohort::tensor_dataset>(numbered(60), shard(world, rank), {.batch_size = 3}, {}, 5);
+  };
+  std::multiset<std::int64_t> epoch1;
+  nlohmann::json saved;
+  for (int r = 0; r < 4; ++r) {
+    auto l = make(4, r);
+    for (auto& b : l.epoch()) (void)b;
+    for (auto& b : l.epoch()) {
+      for (auto id : ids_of(b)) epoch1.insert(id);
+      if (l.state().position == 2) break;
+    }
+    if (r == 0) saved = l.state();
+    else CHECK(nlohmann::json(l.state()) == saved);  // the same state on every rank
+  }
+  CHECK(saved["world_size"] == 4);
+  CHECK(saved.get<cohort::loader_state>().samples_seen() == 24);
+  std::vector<std::vector<std::int64_t>> epoch2(3);
+  for (int r = 0; r < 3; ++r) {
+    auto l = make(3, r);
+    l.restore(saved.get<cohort::loader_state>());
+    CHECK(l.state().samples_seen() == 24);
+    CHECK(l.batches_per_epoch() == 4);  // the 36 samples left, 12 per rank
+    for (auto& b : l.epoch())
+      for (auto id : ids_of(b)) epoch1.insert(id);
+    CHECK(l.state().epoch == 2);
+    CHECK(l.state().epoch_offset == 0);
+    for (auto& b : l.epoch())
+      for (auto id : ids_of(b)) epoch2[static_cast<std::size_t>(r)].push_back(id);
+  }
+  std::multiset<std::int64_t> once;
+  for (std::int64_t i = 0; i < 60; ++i) once.insert(i);
+  CHECK(epoch1 == once);  // every sample of the interrupted epoch exactly once
+  for (int r = 0; r < 3; ++r) {  // the next epoch is an ordinary 3-rank epoch
+    std::vector<std::int64_t> fresh;
+    auto l = make(3, r);
+    l.restore({.epoch = 2, .seed = 5, .world_size = 3, .batch_size = 3, .epoch_world_size = 3});
+    for (auto& b : l.epoch())
+      for (auto id : ids_of(b)) fresh.push_back(id);
+    CHECK(fresh == epoch2[static_cast<std::size_t>(r)]);
+  }
+  auto fixed = cohort::data_loader<cohort::tensor_dataset>(numbered(60), one_of(3, 0, 5), {.batch_size = 3}, {}, 5);
+  CHECK_THROWS_WITH(fixed.restore(saved.get<cohort::loader_state>()), contains_text("cannot deal its epoch again"));
 }
 
 TEST_CASE("torch::data datasets load through prepare_data_loader", "[torch][data][mpi]") {

@@ -18,13 +18,26 @@ struct loader_options {
 
 /// A loader's position: the next batch handed out is batch `position` of epoch `epoch`. `seed` is
 /// the sharding policy's seed (0 when it has none); a state restores only under the same seed.
+/// The rest says how the epoch's samples were dealt (sharding/redeal.hpp), so that a job
+/// relaunched with another number of ranks, or another batch size, resumes at exactly the samples
+/// it had reached: `world_size` ranks of `batch_size` were dealing, the epoch's sample sequence is
+/// the dealing to `epoch_world_size` ranks, and `epoch_offset` of its samples were consumed before
+/// the current dealing began. A state saved without them (0) restores only at the same world size.
 /// Small and JSON-convertible, so a checkpoint can carry it.
 struct loader_state {
   std::int64_t epoch = 0;
   std::int64_t position = 0;
   std::uint64_t seed = 0;
+  std::int64_t world_size = 0;
+  std::int64_t batch_size = 0;
+  std::int64_t epoch_world_size = 0;
+  std::int64_t epoch_offset = 0;
+
+  /// Samples of the epoch's sequence trained on by all ranks together before batch `position`.
+  std::int64_t samples_seen() const { return epoch_offset + position * batch_size * world_size; }
   friend bool operator==(loader_state const&, loader_state const&) = default;
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(loader_state, epoch, position, seed)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(loader_state, epoch, position, seed, world_size, batch_size,
+                                                epoch_world_size, epoch_offset)
 
 }  // namespace cohort

@@ -25,6 +25,7 @@
 #include "cohort/error.hpp"
 #include "cohort/sharding/datasets.hpp"
 #include "cohort/sharding/loader_options.hpp"
+#include "cohort/sharding/redeal.hpp"
 #include "cohort/scaling/device.hpp"
 #include "cohort/torch/device.hpp"
 
@@ -66,22 +67,39 @@ inline batch gather(tensor_dataset const& d, std::vector<std::size_t> const& idx
 template <batch_source Source>
 class data_loader {
  public:
-  /// `indices(n, epoch)` is this rank's sample indices of an n-sample dataset in `epoch`.
+  /// This rank's part of the data as `shard` deals it (ctx.sharding() for the trainer's policy):
+  /// a state saved at another world size or batch size resumes elastically (restore()).
+  data_loader(Source source, sharding::rank_shard shard, loader_options options, cohort::device dev = {},
+              std::uint64_t seed = 0)
+      : source_(std::move(source)), shard_(std::move(shard)), options_(options), device_(dev) {
+    state_.seed = seed;
+    state_.world_size = state_.epoch_world_size = shard_.world_size;
+    state_.batch_size = options_.batch_size;
+    check_batch_size();
+  }
+
+  /// `indices(n, epoch)` is this rank's sample indices of an n-sample dataset in `epoch` (a state
+  /// restores only at the world size it was saved at).
   data_loader(Source source, std::function<std::vector<std::size_t>(std::size_t, std::int64_t)> indices,
               loader_options options, cohort::device dev = {}, std::uint64_t seed = 0)
-      : source_(std::move(source)), indices_(std::move(indices)), options_(options), device_(dev) {
-    state_.seed = seed;
+      : data_loader(std::move(source),
+                    sharding::rank_shard{[f = std::move(indices)](std::size_t n, int, int, std::int64_t e) { return f(n, e); }, 0, 0},
+                    options, dev, seed) {}
+
+ private:
+  void check_batch_size() const {
     if (options_.batch_size <= 0)
       throw cohort::error("loader batch_size " + std::to_string(options_.batch_size) + " must be positive");
-    auto per_rank = static_cast<std::int64_t>(indices_(source_.size(), 0).size());
+    auto per_rank = static_cast<std::int64_t>(shard_.indices(source_.size(), shard_.world_size, shard_.rank, 0).size());
     if (options_.drop_last && options_.batch_size > per_rank)
       throw cohort::error("batch_size " + std::to_string(options_.batch_size) + " is larger than this rank's shard of " +
                           std::to_string(per_rank) + " samples (dataset of " + std::to_string(source_.size()) +
                           "): lower batch_size or set drop_last = false");
   }
 
-  /// Batches per epoch on every rank.
-  std::int64_t batches_per_epoch() const { return batches_in(indices_(source_.size(), state_.epoch).size()); }
+ public:
+  /// Batches in the current epoch on every rank (fewer in an epoch resumed at another world size).
+  std::int64_t batches_per_epoch() const { return batches_in(order_of_current_epoch().size()); }
 
   /// The position of the next batch.
   loader_state state() const { return state_; }
@@ -94,14 +112,38 @@ class data_loader {
   };
   stats_type stats() const { return stats_; }
 
-  /// Continues from `s` (saved by state()). Throws cohort::error when `s` was saved under
-  /// another shuffling seed (the sample order would differ).
+  /// Continues from `s` (saved by state()). Saved at another world size or batch size (a job
+  /// relaunched with fewer hosts), the rest of the saved epoch is dealt again to this world size
+  /// (sharding/redeal.hpp): together the ranks go on from exactly the samples they had reached,
+  /// each sample of the epoch's rest once (the last few repeated when the rest does not divide
+  /// evenly). Throws cohort::error when `s` was saved under another shuffling seed (the sample
+  /// order would differ), or at another world size by a state or a loader that does not know it.
   void restore(loader_state const& s) {
     if (s.seed != state_.seed)
       throw cohort::error("loader state was saved with sharding seed " + std::to_string(s.seed) +
                           " but this run shards with seed " + std::to_string(state_.seed) +
                           ": resume with the same sharding policy");
-    state_ = s;
+    if (s.world_size == 0) {  // saved without its dealing: taken to be this one
+      state_.epoch = s.epoch;
+      state_.position = s.position;
+      state_.epoch_offset = 0;
+      state_.epoch_world_size = state_.world_size;
+      return;
+    }
+    if (s.world_size == state_.world_size && s.batch_size == state_.batch_size) {
+      state_ = s;
+      return;
+    }
+    if (state_.world_size == 0 || s.batch_size <= 0 || s.epoch_world_size <= 0)
+      throw cohort::error("loader state " + nlohmann::json(s).dump() + " was saved at world size " + std::to_string(s.world_size) +
+                          " and batch size " + std::to_string(s.batch_size) +
+                          " and this loader cannot deal its epoch again: make the loader with a sharding::rank_shard "
+                          "(ctx.sharding()), or resume at the world size and batch size it was saved at");
+    auto const seen = s.samples_seen();
+    state_.epoch = s.epoch;
+    state_.position = 0;
+    state_.epoch_offset = seen;
+    state_.epoch_world_size = seen == 0 ? state_.world_size : s.epoch_world_size;
   }
 
   class epoch_range;
@@ -147,7 +189,7 @@ class data_loader {
 
     void start() {
       auto& l = *loader_;
-      order_ = l.indices_(l.source_.size(), l.state_.epoch);
+      order_ = l.order_of_current_epoch();
       total_ = l.batches_in(order_.size());  // not batches_per_epoch(): the order is computed once
       next_make_ = l.state_.position;
       if (l.options_.prefetch_batches > 0) producer_ = std::thread([this] { produce(); });
@@ -196,6 +238,8 @@ class data_loader {
       if (l.state_.position >= total_) {
         l.state_.epoch += 1;
         l.state_.position = 0;
+        l.state_.epoch_offset = 0;
+        l.state_.epoch_world_size = l.state_.world_size;
         return;
       }
       if (producer_.joinable()) {
@@ -241,13 +285,22 @@ class data_loader {
   };
 
  private:
+  /// This rank's indices in the current epoch: the policy's, or the rest of an epoch dealt again.
+  std::vector<std::size_t> order_of_current_epoch() const {
+    auto const& s = state_;
+    if (s.epoch_offset == 0 && s.epoch_world_size == s.world_size)
+      return shard_.indices(source_.size(), shard_.world_size, shard_.rank, s.epoch);
+    return sharding::redeal(shard_.indices, source_.size(), s.epoch, static_cast<int>(s.epoch_world_size), s.epoch_offset,
+                            shard_.world_size, shard_.rank);
+  }
+
   std::int64_t batches_in(std::size_t samples) const {
     auto n = static_cast<std::int64_t>(samples);
     return options_.drop_last ? n / options_.batch_size : (n + options_.batch_size - 1) / options_.batch_size;
   }
 
   Source source_;
-  std::function<std::vector<std::size_t>(std::size_t, std::int64_t)> indices_;
+  sharding::rank_shard shard_;
   loader_options options_;
   cohort::device device_;
   loader_state state_;
@@ -280,18 +333,12 @@ batch gather(torch_data_source<Dataset> const& s, std::vector<std::size_t> const
   return {torch::stack(xs), torch::stack(ys)};
 }
 
-namespace detail {
-inline std::function<std::vector<std::size_t>(std::size_t, std::int64_t)> shard_of(context const& ctx) {
-  return [&ctx](std::size_t n, std::int64_t epoch) { return ctx.shard_indices(n, epoch); };
-}
-}  // namespace detail
-
 /// Ray's prepare_data_loader: an existing torch::data dataset as this rank's sharded,
 /// prefetching loader, sharded by the trainer's policy, batches on the rank's device.
 template <class Dataset>
 data_loader<torch_data_source<Dataset>> prepare_data_loader(context const& ctx, Dataset dataset,
                                                              loader_options const& options = {}) {
-  return {torch_data_source<Dataset>{std::make_shared<Dataset>(std::move(dataset))}, detail::shard_of(ctx), options,
+  return {torch_data_source<Dataset>{std::make_shared<Dataset>(std::move(dataset))}, ctx.sharding(), options,
           ctx.device(), ctx.sharding_seed()};
 }
 
@@ -307,7 +354,7 @@ data_loader<tensor_dataset>& dataset_shard_for(context& ctx, std::string const& 
                                  ": pass it with cohort::datasets{{\"" + name + "\", ...}}");
     auto const* tensors = std::any_cast<tensor_dataset>(ds);
     if (!tensors) throw cohort::error("dataset '" + name + "' is not a cohort::tensor_dataset: use prepare_data_loader for other types");
-    slot = std::make_shared<data_loader<tensor_dataset>>(*tensors, detail::shard_of(ctx), options, ctx.device(),
+    slot = std::make_shared<data_loader<tensor_dataset>>(*tensors, ctx.sharding(), options, ctx.device(),
                                                          ctx.sharding_seed());
   }
   return *std::static_pointer_cast<data_loader<tensor_dataset>>(slot);
