@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# slurm.sh SOURCE_DIR SCRATCH QUICKSTART FAULT_PROGRAM FASHION_MNIST
+# A one-node Slurm made here (Debian's slurm-wlm: slurmctld and slurmd, and munged for its
+# authentication, each with its config, key, socket and state in SCRATCH; all stopped on exit), then:
+#   - `srun --mpi=pmix -n 2` the quickstart: it trains on the 2 ranks Slurm started;
+#   - `srun --mpi=pmix -n 3` the fault program: each rank's node and local rank as Slurm placed it;
+#   - examples/slurm.sbatch with `sbatch --wait` on one node, 2 tasks: the Fashion-MNIST example.
+# Exits 77 (ctest: Skipped) with the reason when Slurm cannot start here (not root, not installed).
+set -u
+src=$1 scratch=$2 quickstart=$3 prog=$4 fashion=$5
+fail() { echo "FAIL: $*"; exit 1; }
+skip() { echo "SKIPPED: $*"; exit 77; }
+
+[ "$(id -u)" -eq 0 ] || skip "a test Slurm runs its daemons as root here"
+for c in slurmctld slurmd srun sbatch munged; do
+  command -v $c >/dev/null || skip "$c is not installed (apt-get install slurm-wlm munge; scripts/test does)"
+done
+rm -rf "$scratch" && mkdir -p "$scratch"/{state,spool,runs}
+pids=()  # the daemons, run in the foreground of this script's children
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  true
+}
+trap cleanup EXIT
+# started NAME LOG: fails when the daemon just started ($!) has already exited.
+started() {
+  pids+=($!)
+  sleep 1
+  kill -0 "$!" 2>/dev/null || skip "$1 does not start here: $(tail -2 "$2" 2>/dev/null | tr '\n' ' ')"
+}
+
+# munged with a key of its own, on a socket of its own.
+dd if=/dev/urandom of="$scratch/munge.key" bs=1024 count=1 status=none && chmod 400 "$scratch/munge.key"
+munged --foreground --socket="$scratch/munge.sock" --key-file="$scratch/munge.key" --pid-file="$scratch/munged.pid" \
+  --log-file="$scratch/munged.log" --seed-file="$scratch/munge.seed" >>"$scratch/munged.log" 2>&1 &
+started munged "$scratch/munged.log"
+
+host=$(hostname) port=$((20000 + $$ % 20000))
+export SLURM_CONF=$scratch/slurm.conf
+cat >"$SLURM_CONF" <<EOF
+ClusterName=cohorttest
+SlurmctldHost=$host
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$scratch/munge.sock
+CredType=cred/munge
+StateSaveLocation=$scratch/state
+SlurmdSpoolDir=$scratch/spool
+SlurmctldPidFile=$scratch/slurmctld.pid
+SlurmdPidFile=$scratch/slurmd.pid
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
+SlurmctldLogFile=$scratch/slurmctld.log
+SlurmdLogFile=$scratch/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+NodeName=$host CPUs=$(nproc) State=UNKNOWN
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+EOF
+slurmctld -D -f "$SLURM_CONF" >>"$scratch/slurmctld.log" 2>&1 &
+started slurmctld "$scratch/slurmctld.log"
+slurmd -D -f "$SLURM_CONF" >>"$scratch/slurmd.log" 2>&1 &
+started slurmd "$scratch/slurmd.log"
+for _ in $(seq 1 60); do sinfo -h -o %T 2>/dev/null | grep -q idle && break; sleep 0.5; done
+sinfo -h -o %T 2>/dev/null | grep -q idle || skip "the test Slurm's node did not come up: $(tail -2 "$scratch/slurmd.log")"
+
+out=$(timeout 120 srun --mpi=pmix -n 2 "$quickstart" --storage "$scratch/runs" 2>&1)
+rc=$?
+printf '%s\n' "$out" | tail -2
+[ $rc -eq 0 ] || fail "the quickstart under srun -n 2 failed (exit $rc)"
+grep -q '^weight on each rank: \[[^,]*,[^,]*\]$' <<<"$out" || fail "the quickstart did not train on 2 ranks"
+
+out=$(timeout 120 srun --mpi=pmix -n 3 --overcommit "$prog" --storage "$scratch/runs" --name placement 2>&1)
+rc=$?
+[ $rc -eq 0 ] || { printf '%s\n' "$out" | tail; fail "the fault program under srun -n 3 failed (exit $rc)"; }
+for r in 0 1 2; do
+  want="topology world_rank=$r world_size=3 node_rank=0 num_nodes=1 local_rank=$r local_world_size=3 host=$host"
+  grep -qx "$want" <<<"$out" || { grep topology <<<"$out"; fail "rank $r: expected '$want'"; }
+done
+
+out=$(cd "$scratch" && COHORT_BIN=$fashion COHORT_STORAGE=$scratch/runs timeout 300 sbatch --wait --nodes=1 --ntasks-per-node=2 \
+        --output="$scratch/sbatch.out" "$src/examples/slurm.sbatch" --epochs 1 --max-train 1024 2>&1)
+rc=$?
+tail -2 "$scratch/sbatch.out" 2>/dev/null
+[ $rc -eq 0 ] || fail "examples/slurm.sbatch failed (exit $rc): $out"
+grep -q '"test_accuracy":' "$scratch/sbatch.out" || fail "examples/slurm.sbatch did not train"
+[ -d "$scratch/runs/cohort-fashion/checkpoint_000001" ] || fail "examples/slurm.sbatch did not name the run after the job"
+echo "ok: slurm srun -n 2 (quickstart), srun -n 3 (placement), sbatch (examples/slurm.sbatch) on a one-node Slurm"
