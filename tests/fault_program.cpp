@@ -4,7 +4,8 @@
 // writes the final parameters to <storage>/<name>.params.json. Every rank prints its placement
 // ("topology ..."); on resume rank 0 prints the world size and the samples seen ("resumed ...").
 // --min-workers N runs elastic (scaling::cpu{.min_workers = N}); --step-ms slows each step down;
-// --timeout-ms sets run_config::collective_timeout_ms.
+// --timeout-ms sets run_config::collective_timeout_ms; --report-at-batch N reports (and
+// checkpoints) after batch N of each epoch instead of at its end, so a resume is mid-epoch.
 #include <cohort/cohort.hpp>
 
 #include "small_net.hpp"
@@ -26,7 +27,7 @@ using net = cohort_test::small_net;
 int main(int argc, char** argv) {
   cohort::environment env{argc, argv};
   std::string storage = "runs", name = "fault";
-  int epochs = 5, kill_at = -1, term_at = -1, min_workers = 0, step_ms = 0, timeout_ms = 600'000;
+  int epochs = 5, kill_at = -1, term_at = -1, min_workers = 0, step_ms = 0, timeout_ms = 600'000, report_at_batch = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string f = argv[i], v = argv[i + 1];
     if (f == "--storage") storage = v;
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
     else if (f == "--min-workers") min_workers = std::stoi(v);
     else if (f == "--step-ms") step_ms = std::stoi(v);
     else if (f == "--timeout-ms") timeout_ms = std::stoi(v);
+    else if (f == "--report-at-batch") report_at_batch = std::stoi(v);
   }
   auto x = torch::linspace(-1, 1, 90).reshape({30, 3});
   cohort::tensor_dataset data{x, x.sum(1, true).sin()};
@@ -63,17 +65,25 @@ int main(int argc, char** argv) {
                     static_cast<long long>(loader.state().samples_seen()));
     }
     bool const hurts = fresh && ctx.world_rank() == ctx.world_size() - 1;
+    // One report per epoch: report k is made in epoch k - 1 (at its end, or after its batch N).
+    auto reported = ctx.checkpoint() && report_at_batch > 0 ? loader.state().epoch : std::int64_t{-1};
+    auto report = [&](std::int64_t next) {
+      if (hurts && next == kill_at) std::raise(SIGKILL);
+      if (hurts && next == term_at) std::raise(SIGTERM);
+      ctx.report({{"epoch", next}}, cohort::checkpoint_of(model, opt, loader.state()));
+    };
     while (loader.state().epoch < epochs) {
       for (auto& b : loader.epoch()) {
         opt.zero_grad();
         torch::mse_loss(model(b.inputs), b.targets).backward();
         opt.step();
         if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+        if (report_at_batch > 0 && loader.state().position == report_at_batch && reported != loader.state().epoch) {
+          reported = loader.state().epoch;
+          report(reported + 1);
+        }
       }
-      auto next = loader.state().epoch;  // the report about to be made
-      if (hurts && next == kill_at) std::raise(SIGKILL);
-      if (hurts && next == term_at) std::raise(SIGTERM);
-      ctx.report({{"epoch", next}}, cohort::checkpoint_of(model, opt, loader.state()));
+      if (report_at_batch == 0) report(loader.state().epoch);
     }
     std::vector<double> params;
     for (auto& p : model->parameters()) {

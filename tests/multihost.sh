@@ -20,7 +20,8 @@ scratch=$scratch/$case_
 fail() { echo "FAIL: $*"; exit 1; }
 
 why=$("$hosts" check) || { echo "SKIPPED: $why"; exit 77; }
-trap '"$hosts" down "$set_"' EXIT
+pid=""  # a job started in the background, stopped with the hosts on any exit
+trap '[ -z "$pid" ] || kill "$pid" 2>/dev/null; "$hosts" down "$set_"' EXIT
 rm -rf "$scratch" && mkdir -p "$scratch"
 
 # up SLOTS...: the hosts, one per argument with that many slots; sets $d and $mpirun.
@@ -46,10 +47,17 @@ check_topology() {
   done
 }
 
-# wait_for PATH SECONDS: until PATH exists.
-wait_for() {
-  for _ in $(seq 1 $(($2 * 10))); do [ -e "$1" ] && return 0; sleep 0.1; done
-  fail "$1 did not appear within $2 s"
+# wait_for_checkpoint RUN_DIR K SECONDS: until checkpoint K, or a later one, is committed in RUN_DIR
+# (retention may already have dropped K).
+wait_for_checkpoint() {
+  local c
+  for _ in $(seq 1 $(($3 * 10))); do
+    for c in "$1"/checkpoint_*; do
+      [ -d "$c" ] && [ $((10#${c##*_})) -ge "$2" ] && return 0
+    done
+    sleep 0.1
+  done
+  fail "checkpoint $2 of $1 did not appear within $3 s"
 }
 
 case "$case_" in
@@ -92,17 +100,20 @@ case "$case_" in
       log=$scratch/lost_$min.log
       timeout 240 "$run" --max-failures 2 --hostfile "$d/hostfile" --probe "$d/rsh" -- \
         "$d/mpirun" --hostfile {hostfile} -np {np} "$prog" --storage "$scratch" --name "lost_$min" --epochs 12 \
-        --step-ms 100 --min-workers "$min" --timeout-ms 5000 >"$log" 2>&1 &
+        --step-ms 100 --min-workers "$min" --timeout-ms 5000 --report-at-batch 1 >"$log" 2>&1 &
       pid=$!
-      wait_for "$scratch/lost_$min/checkpoint_000002" 120
+      wait_for_checkpoint "$scratch/lost_$min" 2 120
       "$hosts" kill "$set_" h3
       wait $pid
       rc=$?
+      pid=""
       grep -E "cohort-run|error|resumed" "$log" | head -8
       grep -q "cohort-run: leaving out host(s) that do not answer: h3" "$log" || fail "cohort-run did not leave the lost host out"
       if [ "$min" = 2 ]; then
         [ $rc -eq 0 ] || fail "the run did not finish on the 2 hosts left (exit $rc)"
-        grep -q "^resumed at epoch [0-9]* with 2 ranks (saved with 3)" "$log" || fail "the run did not resume at 2 ranks"
+        # Saved after the first of each epoch's two batches on 3 ranks of 4 samples: 12 seen.
+        grep -q "^resumed at epoch [0-9]* with 2 ranks (saved with 3), 12 samples of the epoch seen" "$log" ||
+          fail "the run did not resume at 2 ranks from the middle of an epoch"
         [ -d "$scratch/lost_2/checkpoint_000012" ] || fail "the resumed run did not reach its last report"
       else
         [ $rc -ne 0 ] || fail "the run went on with fewer ranks than .min_workers"
@@ -118,11 +129,12 @@ case "$case_" in
     log=$scratch/cut.log
     timeout 240 "${mpirun[@]}" -np 4 "$prog" --storage "$scratch" --name cut --epochs 1000 --step-ms 100 --timeout-ms 5000 >"$log" 2>&1 &
     pid=$!
-    wait_for "$scratch/cut/checkpoint_000001" 120
+    wait_for_checkpoint "$scratch/cut" 1 120
     "$hosts" cut "$set_" h2
     t0=$(date +%s)
     wait $pid
     rc=$?
+    pid=""
     took=$(($(date +%s) - t0))
     grep -E "error" "$log" | head -6
     [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "the job did not end with an error after the link was cut (exit $rc)"

@@ -18,6 +18,10 @@ done
 rm -rf "$scratch" && mkdir -p "$scratch"/{state,spool,runs}
 pids=()  # the daemons, run in the foreground of this script's children
 cleanup() {
+  # Jobs left by a step that timed out run under slurmstepd, not under this script: cancel them.
+  local jobs
+  jobs=$(squeue -h -o %i 2>/dev/null)
+  [ -z "$jobs" ] || { scancel $jobs 2>/dev/null; sleep 2; }
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
   true

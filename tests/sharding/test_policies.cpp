@@ -88,7 +88,7 @@ TEMPLATE_TEST_CASE("an epoch dealt again to another world size goes on from exac
   CHECK(counts(std::vector<std::size_t>(sequence.begin(), sequence.begin() + 24)) == counts(seen));  // a prefix
   std::vector<std::size_t> rest_all;
   for (int r = 0; r < 3; ++r) {
-    auto mine = redeal(fn, size, 5, 4, 24, 3, r);
+    auto mine = redeal(fn, size, 5, 4, 24, 0, 3, r);
     CHECK(mine.size() == 8);  // equal counts
     rest_all.insert(rest_all.end(), mine.begin(), mine.end());
   }
@@ -98,13 +98,13 @@ TEMPLATE_TEST_CASE("an epoch dealt again to another world size goes on from exac
 
   // Then 3 ranks train one batch of 2 (6 more samples, still a prefix) and 2 ranks go on.
   for (int r = 0; r < 3; ++r) {
-    auto mine = redeal(fn, size, 5, 4, 24, 3, r);
+    auto mine = redeal(fn, size, 5, 4, 24, 0, 3, r);
     seen.insert(seen.end(), mine.begin(), mine.begin() + 2);
   }
   CHECK(counts(std::vector<std::size_t>(sequence.begin(), sequence.begin() + 30)) == counts(seen));
   whole = seen;
   for (int r = 0; r < 2; ++r) {
-    auto mine = redeal(fn, size, 5, 4, 30, 2, r);
+    auto mine = redeal(fn, size, 5, 4, 30, 0, 2, r);
     CHECK(mine.size() == 9);
     whole.insert(whole.end(), mine.begin(), mine.end());
   }
@@ -118,7 +118,7 @@ TEST_CASE("a rest that does not divide evenly repeats its first samples, as padd
   REQUIRE(sequence.size() == 52);
   std::vector<std::size_t> rest;
   for (int r = 0; r < 3; ++r) {
-    auto mine = redeal(fn, 50, 0, 4, 12, 3, r);  // 40 left over 3 ranks: 14 each, 2 repeated
+    auto mine = redeal(fn, 50, 0, 4, 12, 0, 3, r);  // 40 left over 3 ranks: 14 each, 2 repeated
     CHECK(mine.size() == 14);
     rest.insert(rest.end(), mine.begin(), mine.end());
   }
@@ -127,6 +127,14 @@ TEST_CASE("a rest that does not divide evenly repeats its first samples, as padd
   ++expected[sequence[12]];
   ++expected[sequence[13]];
   CHECK(c == expected);
-  CHECK(redeal(fn, 50, 0, 4, 52, 3, 0).empty());  // nothing left: an empty rest on every rank
-  CHECK(redeal(fn, 50, 0, 4, 99, 2, 1).empty());
+  std::vector<std::size_t> up_to_end;
+  for (int r = 0; r < 3; ++r) {
+    auto mine = redeal(fn, 50, 0, 4, 12, 48, 3, r);  // the epoch trains 48 (the rest dropped): 12 each
+    CHECK(mine.size() == 12);
+    up_to_end.insert(up_to_end.end(), mine.begin(), mine.end());
+  }
+  CHECK(counts(up_to_end) == counts(std::vector<std::size_t>(sequence.begin() + 12, sequence.begin() + 48)));
+  CHECK(redeal(fn, 50, 0, 4, 52, 0, 3, 0).empty());  // nothing left: an empty rest on every rank
+  CHECK(redeal(fn, 50, 0, 4, 48, 48, 3, 2).empty());
+  CHECK(redeal(fn, 50, 0, 4, 99, 0, 2, 1).empty());
 }

@@ -100,7 +100,7 @@ TEST_CASE("a restored loader position continues with exactly the uninterrupted s
     saved = first.state();
   }
   CHECK(saved == nlohmann::json{{"epoch", 1}, {"position", 4}, {"seed", 7}, {"world_size", 0}, {"batch_size", 3},
-                                {"epoch_world_size", 0}, {"epoch_offset", 0}});
+                                {"epoch_world_size", 0}, {"epoch_offset", 0}, {"epoch_end", 0}});
   auto resumed = make();
   resumed.restore(saved.get<cohort::loader_state>());
   while (resumed.state().epoch < 3)
@@ -160,6 +160,34 @@ TEST_CASE("a loader resumed at another world size goes on from exactly the sampl
   }
   auto fixed = cohort::data_loader<cohort::tensor_dataset>(numbered(60), one_of(3, 0, 5), {.batch_size = 3}, {}, 5);
   CHECK_THROWS_WITH(fixed.restore(saved.get<cohort::loader_state>()), contains_text("cannot deal its epoch again"));
+}
+
+TEST_CASE("an epoch resumed at another world size trains what the uninterrupted epoch would, partial batches dropped", "[torch][data]") {
+  // 20 samples, 2 ranks of batch 4: 10 per rank, 2 full batches each, 2 samples per rank dropped.
+  auto shard = [](int world, int rank) {
+    return cohort::sharding::rank_shard{[](std::size_t n, int w, int r, std::int64_t e) { return cohort::sharding::shuffled{.seed = 2}.indices(n, w, r, e); },
+                                        world, rank};
+  };
+  std::multiset<std::int64_t> uninterrupted, resumed;
+  nlohmann::json saved;
+  for (int r = 0; r < 2; ++r) {
+    cohort::data_loader<cohort::tensor_dataset> l(numbered(20), shard(2, r), {.batch_size = 4}, {}, 2);
+    for (auto& b : l.epoch()) {
+      for (auto id : ids_of(b)) uninterrupted.insert(id);
+      if (l.state().position == 1) {
+        for (auto id : ids_of(b)) resumed.insert(id);
+        saved = l.state();
+      }
+    }
+  }
+  cohort::data_loader<cohort::tensor_dataset> one(numbered(20), shard(1, 0), {.batch_size = 4}, {}, 2);
+  one.restore(saved.get<cohort::loader_state>());
+  CHECK(one.state().epoch_end == 16);
+  CHECK(one.batches_per_epoch() == 2);  // the 8 samples the 2 ranks had left, not the 4 they dropped
+  for (auto& b : one.epoch())
+    for (auto id : ids_of(b)) resumed.insert(id);
+  CHECK(resumed == uninterrupted);
+  CHECK(uninterrupted.size() == 16);
 }
 
 TEST_CASE("torch::data datasets load through prepare_data_loader", "[torch][data][mpi]") {

@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -45,17 +44,21 @@ inline std::optional<std::string> unshared_storage_error(std::vector<bool> const
 template <comm::communicator C>
 std::optional<std::string> check_shared_storage(C& comm, std::filesystem::path const& run_path, std::string const& host,
                                                 int wait_ms = 2000) {
-  std::string token;
-  std::filesystem::path file;
+  std::string token;  // rank 0: the file's name and content, or "!" and why it could not write it
   if (comm.rank() == 0) {
     std::ostringstream t;
-    t << ::getpid() << '_' << std::random_device{}() << '_' << std::chrono::steady_clock::now().time_since_epoch().count();
+    t << ::getpid() << '_' << std::chrono::steady_clock::now().time_since_epoch().count();
     token = t.str();
-    file = run_path / (".cohort_storage_check_" + token);
-    std::ofstream(file) << token;
+    std::ofstream out(run_path / (".cohort_storage_check_" + token));
+    out << token;
+    out.close();
+    if (!out)
+      token = "!cannot write a file in the run directory " + run_path.string() +
+              " on rank 0: check that storage_path is writable and has free space";
   }
   token = comm::broadcast_string(comm, token);
-  file = run_path / (".cohort_storage_check_" + token);
+  if (token.front() == '!') return token.substr(1);
+  auto const file = run_path / (".cohort_storage_check_" + token);
   bool sees = false;
   for (auto const until = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);;) {
     std::string got;

@@ -21,8 +21,10 @@ struct loader_options {
 /// The rest says how the epoch's samples were dealt (sharding/redeal.hpp), so that a job
 /// relaunched with another number of ranks, or another batch size, resumes at exactly the samples
 /// it had reached: `world_size` ranks of `batch_size` were dealing, the epoch's sample sequence is
-/// the dealing to `epoch_world_size` ranks, and `epoch_offset` of its samples were consumed before
-/// the current dealing began. A state saved without them (0) restores only at the same world size.
+/// the dealing to `epoch_world_size` ranks, `epoch_offset` of its samples were consumed before the
+/// current dealing began, and the epoch trains its first `epoch_end` (0: all; fewer when the
+/// epoch's first dealing dropped partial batches). A state saved without them (0) is taken to be
+/// of the world size and batch size it is restored at (which cannot be checked).
 /// Small and JSON-convertible, so a checkpoint can carry it.
 struct loader_state {
   std::int64_t epoch = 0;
@@ -32,12 +34,13 @@ struct loader_state {
   std::int64_t batch_size = 0;
   std::int64_t epoch_world_size = 0;
   std::int64_t epoch_offset = 0;
+  std::int64_t epoch_end = 0;
 
   /// Samples of the epoch's sequence trained on by all ranks together before batch `position`.
   std::int64_t samples_seen() const { return epoch_offset + position * batch_size * world_size; }
   friend bool operator==(loader_state const&, loader_state const&) = default;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(loader_state, epoch, position, seed, world_size, batch_size,
-                                                epoch_world_size, epoch_offset)
+                                                epoch_world_size, epoch_offset, epoch_end)
 
 }  // namespace cohort

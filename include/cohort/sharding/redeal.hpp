@@ -44,13 +44,14 @@ inline std::vector<std::size_t> epoch_sequence(indices_fn const& indices, std::s
 }
 
 /// Pure: rank `rank` of `world`'s indices for the rest of `epoch`, whose first `seen` entries of
-/// the sample sequence (dealt to `epoch_world` ranks) were trained on: the rest dealt round-robin,
-/// every rank the same count (the last entries repeat from the start of the rest when it does not
-/// divide evenly, as the policies' remainder::pad does). Cost: the policy's indices for
-/// `epoch_world` ranks, once.
+/// the sample sequence (dealt to `epoch_world` ranks) were trained on and whose first `end`
+/// entries the epoch trains (0: all of them): entries [seen, end) dealt round-robin, every rank the
+/// same count (the last entries repeat from the start of the rest when it does not divide evenly,
+/// as the policies' remainder::pad does). Cost: the policy's indices for `epoch_world` ranks.
 inline std::vector<std::size_t> redeal(indices_fn const& indices, std::size_t size, std::int64_t epoch, int epoch_world,
-                                       std::int64_t seen, int world, int rank) {
-  auto const sequence = epoch_sequence(indices, size, epoch_world, epoch);
+                                       std::int64_t seen, std::int64_t end, int world, int rank) {
+  auto sequence = epoch_sequence(indices, size, epoch_world, epoch);
+  if (end > 0 && static_cast<std::size_t>(end) < sequence.size()) sequence.resize(static_cast<std::size_t>(end));
   auto const start = std::min(sequence.size(), static_cast<std::size_t>(std::max<std::int64_t>(0, seen)));
   std::size_t const rest = sequence.size() - start;
   std::vector<std::size_t> out;

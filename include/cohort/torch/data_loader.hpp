@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -78,8 +79,9 @@ class data_loader {
     check_batch_size();
   }
 
-  /// `indices(n, epoch)` is this rank's sample indices of an n-sample dataset in `epoch` (a state
-  /// restores only at the world size it was saved at).
+  /// `indices(n, epoch)` is this rank's sample indices of an n-sample dataset in `epoch`. Such a
+  /// loader cannot deal an epoch again: it restores the states it saves, not those of another
+  /// batch size or of a loader that records its world size.
   data_loader(Source source, std::function<std::vector<std::size_t>(std::size_t, std::int64_t)> indices,
               loader_options options, cohort::device dev = {}, std::uint64_t seed = 0)
       : data_loader(std::move(source),
@@ -116,34 +118,50 @@ class data_loader {
   /// relaunched with fewer hosts), the rest of the saved epoch is dealt again to this world size
   /// (sharding/redeal.hpp): together the ranks go on from exactly the samples they had reached,
   /// each sample of the epoch's rest once (the last few repeated when the rest does not divide
-  /// evenly). Throws cohort::error when `s` was saved under another shuffling seed (the sample
-  /// order would differ), or at another world size by a state or a loader that does not know it.
+  /// evenly; with drop_last, a partial last batch dropped). Throws cohort::error when `s` was
+  /// saved under another shuffling seed (the sample order would differ), or at another world size
+  /// or batch size when this loader cannot deal the epoch again.
   void restore(loader_state const& s) {
     if (s.seed != state_.seed)
       throw cohort::error("loader state was saved with sharding seed " + std::to_string(s.seed) +
                           " but this run shards with seed " + std::to_string(state_.seed) +
                           ": resume with the same sharding policy");
-    if (s.world_size == 0) {  // saved without its dealing: taken to be this one
+    if (s.world_size == 0) {  // saved without its dealing (or by a loader that does not know it)
+      if (s.batch_size != 0 && s.batch_size != state_.batch_size)
+        throw cohort::error("loader state was saved with batch size " + std::to_string(s.batch_size) + " and this loader has " +
+                            std::to_string(state_.batch_size) + " but cannot deal the epoch again: make the loader with a "
+                            "sharding::rank_shard (ctx.sharding()), or resume with the same batch size");
       state_.epoch = s.epoch;
       state_.position = s.position;
-      state_.epoch_offset = 0;
+      state_.epoch_offset = state_.epoch_end = 0;
       state_.epoch_world_size = state_.world_size;
       return;
     }
-    if (s.world_size == state_.world_size && s.batch_size == state_.batch_size) {
-      state_ = s;
+    auto saved = s;
+    if (saved.epoch_world_size <= 0) saved.epoch_world_size = saved.world_size;  // a state written by hand
+    if (saved.world_size == state_.world_size && saved.batch_size == state_.batch_size) {
+      state_ = saved;
       return;
     }
-    if (state_.world_size == 0 || s.batch_size <= 0 || s.epoch_world_size <= 0)
+    if (state_.world_size == 0 || saved.batch_size <= 0)
       throw cohort::error("loader state " + nlohmann::json(s).dump() + " was saved at world size " + std::to_string(s.world_size) +
                           " and batch size " + std::to_string(s.batch_size) +
                           " and this loader cannot deal its epoch again: make the loader with a sharding::rank_shard "
                           "(ctx.sharding()), or resume at the world size and batch size it was saved at");
-    auto const seen = s.samples_seen();
-    state_.epoch = s.epoch;
+    if (saved.epoch_offset == 0 && saved.epoch_world_size == saved.world_size) {
+      // Saved in the epoch's first dealing: the epoch trains what that dealing's full batches hold.
+      auto const per_rank = static_cast<std::int64_t>(
+          shard_.indices(source_.size(), static_cast<int>(saved.world_size), 0, saved.epoch).size());
+      auto const rows = options_.drop_last ? per_rank / saved.batch_size * saved.batch_size : per_rank;
+      saved.epoch_end = rows * saved.world_size;
+    }
+    auto const seen = saved.samples_seen();
+    state_.epoch = saved.epoch;
     state_.position = 0;
     state_.epoch_offset = seen;
-    state_.epoch_world_size = seen == 0 ? state_.world_size : s.epoch_world_size;
+    state_.epoch_end = saved.epoch_end;
+    state_.epoch_world_size = seen == 0 ? state_.world_size : saved.epoch_world_size;
+    if (seen == 0) state_.epoch_end = 0;
   }
 
   class epoch_range;
@@ -238,7 +256,7 @@ class data_loader {
       if (l.state_.position >= total_) {
         l.state_.epoch += 1;
         l.state_.position = 0;
-        l.state_.epoch_offset = 0;
+        l.state_.epoch_offset = l.state_.epoch_end = 0;
         l.state_.epoch_world_size = l.state_.world_size;
         return;
       }
@@ -285,13 +303,19 @@ class data_loader {
   };
 
  private:
-  /// This rank's indices in the current epoch: the policy's, or the rest of an epoch dealt again.
+  /// This rank's indices in the current epoch: the policy's, or the rest of an epoch dealt again
+  /// (kept for the epoch: it costs the policy's indices for every rank of the epoch's first dealing).
   std::vector<std::size_t> order_of_current_epoch() const {
     auto const& s = state_;
     if (s.epoch_offset == 0 && s.epoch_world_size == s.world_size)
       return shard_.indices(source_.size(), shard_.world_size, shard_.rank, s.epoch);
-    return sharding::redeal(shard_.indices, source_.size(), s.epoch, static_cast<int>(s.epoch_world_size), s.epoch_offset,
-                            shard_.world_size, shard_.rank);
+    auto const key = std::array<std::int64_t, 4>{s.epoch, s.epoch_world_size, s.epoch_offset, s.epoch_end};
+    if (redealt_key_ != key) {
+      redealt_ = sharding::redeal(shard_.indices, source_.size(), s.epoch, static_cast<int>(s.epoch_world_size), s.epoch_offset,
+                                  s.epoch_end, shard_.world_size, shard_.rank);
+      redealt_key_ = key;
+    }
+    return redealt_;
   }
 
   std::int64_t batches_in(std::size_t samples) const {
@@ -301,6 +325,8 @@ class data_loader {
 
   Source source_;
   sharding::rank_shard shard_;
+  mutable std::array<std::int64_t, 4> redealt_key_{-1, -1, -1, -1};  // the epoch redealt_ holds
+  mutable std::vector<std::size_t> redealt_;
   loader_options options_;
   cohort::device device_;
   loader_state state_;
