@@ -396,7 +396,10 @@ struct report_state {
   void discard(std::filesystem::path const& dir) {
     std::error_code ec;
     auto const trash = run_path / ".trash";
-    std::filesystem::create_directories(trash, ec);
+    if (std::filesystem::symlink_status(trash, ec).type() != std::filesystem::file_type::directory) {
+      std::filesystem::remove(trash, ec);  // a link (or file) named .trash is never followed, nor emptied
+      std::filesystem::create_directory(trash, ec);
+    }
     std::filesystem::rename(dir, trash / (staging_prefix + dir.filename().string()), ec);
     if (ec) {  // cannot move it: delete it here
       std::filesystem::remove_all(dir, ec);

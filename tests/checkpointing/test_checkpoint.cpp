@@ -137,3 +137,102 @@ TEST_CASE("a full disk fails the write and leaves no committed checkpoint behind
   CHECK_FALSE(fs::exists(run / "checkpoint_000002"));
   CHECK(latest_good(run)->path().filename() == "checkpoint_000001");
 }
+
+TEST_CASE("manifest names that would lead outside the checkpoint directory are refused", "[checkpointing][pure][bad-input]") {
+  for (std::string name : std::vector<std::string>{"../outside", "/etc/passwd", "a/../../b", "", "a//b", "./a", "a\\b", "sub/", "..",
+                                                  std::string("a\0b", 3)}) {
+    INFO(name);
+    CHECK(unsafe_name(name).has_value());
+  }
+  for (std::string name : std::vector<std::string>{"model.bin", "sub/rank1.bin", "a.b/c..d", "...x"}) {
+    INFO(name);
+    CHECK_FALSE(unsafe_name(name).has_value());
+  }
+}
+
+TEST_CASE("a hostile or unknown manifest is skipped for the previous good checkpoint", "[checkpointing][pure][bad-input]") {
+  auto run = fresh_dir("hostile");
+  commit_one(run, 1, 100);
+  commit_one(run, 2, 100);
+  auto const outside = run / "outside.bin";  // what a hostile manifest points at, outside checkpoint_000002
+  std::ofstream(outside) << "secret";
+  auto const dir = run / "checkpoint_000002";
+  auto edit = [&](auto change) {
+    nlohmann::json m;
+    {
+      std::ifstream in(dir / "manifest.json");
+      m = nlohmann::json::parse(in);
+    }
+    for (auto& f : m["files"])
+      if (f["name"] == "model.bin") change(m, f);
+    std::ofstream(dir / "manifest.json", std::ios::trunc) << m.dump();
+  };
+  auto point_outside = [&](nlohmann::json& f, std::string const& name) {  // a listing that would verify if followed
+    f["name"] = name;
+    f["size"] = 6;
+    f["xxh3"] = file_hash(outside);
+  };
+  std::string expect;
+  SECTION("a name with ..") {
+    edit([&](nlohmann::json&, nlohmann::json& f) { point_outside(f, "../outside.bin"); });
+    expect = "file name '../outside.bin' has a '..' component";
+  }
+  SECTION("an absolute name") {
+    edit([&](nlohmann::json&, nlohmann::json& f) { point_outside(f, outside.string()); });
+    expect = "is absolute";
+  }
+  SECTION("a symbolic link pointing out") {
+    fs::remove(dir / "model.bin");
+    fs::create_symlink(outside, dir / "model.bin");
+    edit([&](nlohmann::json&, nlohmann::json& f) { point_outside(f, "model.bin"); });
+    expect = "a symbolic link (a checkpoint holds plain files only)";
+  }
+  SECTION("a linked folder on the way") {
+    fs::remove_all(dir / "sub");
+    fs::create_directory_symlink(run, dir / "sub");
+    edit([&](nlohmann::json&, nlohmann::json& f) { point_outside(f, "sub/outside.bin"); });
+    expect = "sub: a symbolic link";
+  }
+  SECTION("a folder where a file should be") {
+    fs::remove(dir / "model.bin");
+    fs::create_directory(dir / "model.bin");
+    expect = "model.bin: not a regular file";
+  }
+  SECTION("an unknown format") {
+    edit([&](nlohmann::json& m, nlohmann::json&) { m["format"] = 99; });
+    expect = "format 99 is not one this build reads (1)";
+  }
+  SECTION("no format") {
+    edit([&](nlohmann::json& m, nlohmann::json&) { m.erase("format"); });
+    expect = "field 'format' is missing or not an integer";
+  }
+  SECTION("a size that is not a byte count") {
+    edit([&](nlohmann::json&, nlohmann::json& f) { f["size"] = "100"; });
+    expect = "entry 'model.bin': field 'size' is missing or not a byte count";
+  }
+  SECTION("a name that is not a string") {
+    edit([&](nlohmann::json&, nlohmann::json& f) { f["name"] = 7; });
+    expect = "an entry of 'files' has no string 'name'";
+  }
+  auto problem = verify(dir);
+  REQUIRE(problem.has_value());
+  CHECK_THAT(*problem, contains_text(expect));
+  std::ostringstream warnings;
+  auto good = latest_good(run, &warnings);
+  REQUIRE(good.has_value());
+  CHECK(good->path().filename() == "checkpoint_000001");
+  CHECK_THAT(warnings.str(), contains_text("skipping checkpoint " + dir.string()));
+  CHECK(fs::exists(outside));
+}
+
+TEST_CASE("a link named like a checkpoint is neither resumed from nor listed for retention", "[checkpointing][pure][bad-input]") {
+  auto run = fresh_dir("linked");
+  auto elsewhere = fresh_dir("linked_elsewhere");
+  commit_one(run, 1, 100);
+  commit_one(elsewhere, 5, 100);
+  fs::create_directory_symlink(elsewhere / "checkpoint_000005", run / "checkpoint_000005");
+  CHECK(committed(run) == std::vector<fs::path>{run / "checkpoint_000001"});
+  auto good = latest_good(run);
+  REQUIRE(good.has_value());
+  CHECK(good->path().filename() == "checkpoint_000001");
+}

@@ -436,3 +436,53 @@ TEST_CASE("a parameter changed in place before the deferred copy fails that chec
     CHECK_FALSE(std::filesystem::exists(out.result.path / "checkpoint_000002"));
   }
 }
+
+TEST_CASE("a safetensors file whose header claims more than the file holds is an error, never an allocation", "[torch][checkpoint][bad-input]") {
+  auto const file = std::filesystem::temp_directory_path() / "cohort_tests" / ("hostile_" + std::to_string(getpid()) + ".safetensors");
+  std::filesystem::create_directories(file.parent_path());
+  // 8-byte little-endian header length `n`, the header, then `body` bytes.
+  auto write = [&](std::uint64_t n, std::string const& header, std::size_t body) {
+    std::string bytes(8, '\0');
+    for (int k = 0; k < 8; ++k) bytes[static_cast<std::size_t>(k)] = static_cast<char>((n >> (8 * k)) & 0xff);
+    bytes += header + std::string(body, '\0');
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  auto header = [](nlohmann::json const& entry) { return nlohmann::json{{"w", entry}}.dump(); };
+  std::string expect;
+  SECTION("a header length past the end (and one that would wrap around)") {
+    auto const h = header({{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}});
+    write(~std::uint64_t{0}, h, 8);
+    expect = "header length 18446744073709551615 past the end of the file";
+  }
+  SECTION("a terabyte shape in a small file") {
+    auto const h = header({{"dtype", "F32"}, {"shape", {std::uint64_t{1} << 20, std::uint64_t{1} << 20, 64}}, {"data_offsets", {0, 8}}});
+    write(h.size(), h, 8);
+    expect = "tensor 'w': shape [1048576,1048576,64] is larger than the file";
+  }
+  SECTION("a shape that does not match its bytes") {
+    auto const h = header({{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 8}}});
+    write(h.size(), h, 8);
+    expect = "tensor 'w': shape [1] of F32 needs 4 bytes, data_offsets give 8";
+  }
+  SECTION("offsets past the end") {
+    auto const h = header({{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 4096}}});
+    write(h.size(), h, 8);
+    expect = "tensor 'w': data_offsets [0, 4096] lie past the end of the file";
+  }
+  SECTION("offsets that are not numbers") {
+    auto const h = header({{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", "0-8"}});
+    write(h.size(), h, 8);
+    expect = "tensor 'w': field 'data_offsets' is not two byte offsets";
+  }
+  SECTION("a negative dimension") {
+    auto const h = header({{"dtype", "F32"}, {"shape", {-2}}, {"data_offsets", {0, 8}}});
+    write(h.size(), h, 8);
+    expect = "tensor 'w': field 'shape' holds -2, not a dimension";
+  }
+  SECTION("an unknown dtype") {
+    auto const h = header({{"dtype", "F128"}, {"shape", {2}}, {"data_offsets", {0, 8}}});
+    write(h.size(), h, 8);
+    expect = "unsupported dtype F128";
+  }
+  CHECK_THROWS_WITH(cohort::safetensors::load(file), contains_text(expect));
+}

@@ -56,6 +56,9 @@ class checkpoint {
 
 namespace checkpointing {
 
+/// The manifest format this build writes and reads.
+inline constexpr int manifest_format = 1;
+
 /// The directory name of the checkpoint of report `iteration`: checkpoint_000042.
 inline std::string dir_name(std::int64_t iteration) {
   char buf[32];
@@ -275,7 +278,7 @@ inline void commit(std::filesystem::path const& staging, std::filesystem::path c
   }
   {
     std::ofstream out(staging / "manifest.json", std::ios::trunc);
-    out << nlohmann::json{{"format", 1}, {"files", files}, {"metadata", metadata}}.dump(2) << "\n";
+    out << nlohmann::json{{"format", manifest_format}, {"files", files}, {"metadata", metadata}}.dump(2) << "\n";
     out.flush();
     if (!out) throw cohort::error("could not write " + (staging / "manifest.json").string() + ": check free space");
   }
@@ -288,20 +291,67 @@ inline void commit(std::filesystem::path const& staging, std::filesystem::path c
   fsync_path(final_dir.parent_path());
 }
 
-/// Checks a checkpoint directory against its manifest: nothing when every listed file exists
-/// with its size and checksum, else what is wrong (naming the file).
+/// Pure: why `name`, a file name listed in a manifest, is not a safe name inside its checkpoint
+/// directory; nothing when it is. Safe: a relative path of plain components separated by '/'
+/// (a subfolder the writer made), none of them empty, "." or "..", without NUL or backslash.
+/// A checkpoint directory may come from another user or job: its manifest must never lead outside it.
+inline std::optional<std::string> unsafe_name(std::string const& name) {
+  if (name.empty()) return std::string("an empty file name");
+  if (name.find('\0') != std::string::npos) return std::string("a file name with a NUL byte");
+  if (name.find('\\') != std::string::npos) return "file name '" + name + "' has a backslash";
+  if (name.front() == '/') return "file name '" + name + "' is absolute";
+  for (std::size_t start = 0; start <= name.size();) {
+    auto const end = std::min(name.find('/', start), name.size());
+    auto const part = name.substr(start, end - start);
+    if (part.empty() || part == "." || part == "..")
+      return "file name '" + name + "' has a '" + part + "' component (it must stay inside the checkpoint directory)";
+    start = end + 1;
+  }
+  return std::nullopt;
+}
+
+/// Checks a checkpoint directory against its manifest: nothing when the manifest is of a known
+/// format and every listed file exists inside the directory (no symbolic link on the way) with
+/// its size and checksum; else what is wrong, naming the file and the field. Reads nothing
+/// outside `dir`.
 inline std::optional<std::string> verify(std::filesystem::path const& dir) {
   namespace fs = std::filesystem;
+  auto const manifest = (dir / "manifest.json").string();
+  std::error_code ec;
+  if (fs::symlink_status(dir / "manifest.json", ec).type() != fs::file_type::regular)
+    return dir.string() + ": no manifest.json (an uncommitted or foreign directory)";
   std::ifstream in(dir / "manifest.json");
-  if (!in) return dir.string() + ": no manifest.json (an uncommitted or foreign directory)";
+  if (!in) return manifest + ": cannot be read";
   auto m = nlohmann::json::parse(in, nullptr, false);
-  if (!m.is_object() || !m.contains("files") || !m["files"].is_array())
-    return (dir / "manifest.json").string() + ": not a valid manifest";
+  if (m.is_discarded()) return manifest + ": not valid JSON";
+  if (!m.is_object()) return manifest + ": not a JSON object";
+  if (!m.contains("format") || !m["format"].is_number_integer())
+    return manifest + ": field 'format' is missing or not an integer";
+  if (m["format"] != manifest_format)
+    return manifest + ": format " + m["format"].dump() + " is not one this build reads (" + std::to_string(manifest_format) +
+           "): written by another cohort version; resume with that version or from another checkpoint";
+  if (!m.contains("files") || !m["files"].is_array()) return manifest + ": field 'files' is missing or not a list";
   for (auto const& f : m["files"]) {
-    if (!f.contains("name") || !f.contains("size") || !f.contains("xxh3"))
-      return (dir / "manifest.json").string() + ": an entry lacks name, size or xxh3";
-    auto p = dir / f["name"].get<std::string>();
-    std::error_code ec;
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
+      return manifest + ": an entry of 'files' has no string 'name'";
+    auto const name = f["name"].get<std::string>();
+    if (auto why = unsafe_name(name)) return manifest + ": " + *why;
+    if (!f.contains("size") || !f["size"].is_number_unsigned())
+      return manifest + ": entry '" + name + "': field 'size' is missing or not a byte count";
+    if (!f.contains("xxh3") || !f["xxh3"].is_string())
+      return manifest + ": entry '" + name + "': field 'xxh3' is missing or not a string";
+    auto const p = dir / name;
+    // Every component must be what it says, not a link that could lead elsewhere.
+    fs::path at = dir;
+    for (auto const& part : fs::path(name)) {
+      at /= part;
+      auto const type = fs::symlink_status(at, ec).type();
+      bool const last = at == p;
+      if (type == fs::file_type::not_found || ec) return p.string() + ": listed in the manifest but missing";
+      if (type == fs::file_type::symlink) return at.string() + ": a symbolic link (a checkpoint holds plain files only)";
+      if (last && type != fs::file_type::regular) return p.string() + ": not a regular file";
+      if (!last && type != fs::file_type::directory) return at.string() + ": not a directory";
+    }
     auto size = fs::file_size(p, ec);
     if (ec) return p.string() + ": listed in the manifest but missing";
     if (size != f["size"].get<std::uint64_t>())
@@ -317,7 +367,8 @@ inline std::vector<std::filesystem::path> committed(std::filesystem::path const&
   std::error_code ec;
   for (auto const& e : std::filesystem::directory_iterator(run_dir, ec)) {
     auto name = e.path().filename().string();
-    if (e.is_directory() && name.rfind("checkpoint_", 0) == 0 && name.size() == 17) out.push_back(e.path());
+    // A link named like a checkpoint is not one of this run's: never resumed from or deleted.
+    if (e.is_directory() && !e.is_symlink() && name.rfind("checkpoint_", 0) == 0 && name.size() == 17) out.push_back(e.path());
   }
   std::sort(out.begin(), out.end());
   return out;

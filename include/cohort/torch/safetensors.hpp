@@ -79,7 +79,9 @@ inline void save(std::filesystem::path const& path, std::vector<std::pair<std::s
 }
 
 /// Reads a safetensors file into (name, tensor) pairs, in file order. Throws cohort::error
-/// naming the file when it is not a valid safetensors file.
+/// naming the file, the tensor and the field when it is not a valid safetensors file. Every size
+/// and offset is checked against the file before anything is allocated: a header that claims
+/// more bytes than the file holds is an error, never an allocation.
 inline std::vector<std::pair<std::string, torch::Tensor>> load(std::filesystem::path const& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw cohort::error(path.string() + ": cannot open");
@@ -87,19 +89,41 @@ inline std::vector<std::pair<std::string, torch::Tensor>> load(std::filesystem::
   if (bytes.size() < 8) throw cohort::error(path.string() + ": too short for a safetensors file");
   std::uint64_t n = 0;
   for (int k = 0; k < 8; ++k) n |= std::uint64_t{static_cast<unsigned char>(bytes[static_cast<std::size_t>(k)])} << (8 * k);
-  if (8 + n > bytes.size()) throw cohort::error(path.string() + ": header length " + std::to_string(n) + " past the end of the file");
+  std::uint64_t const data_bytes = bytes.size() - 8;
+  if (n > data_bytes) throw cohort::error(path.string() + ": header length " + std::to_string(n) + " past the end of the file");
   auto header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n), nullptr, false);
   if (!header.is_object()) throw cohort::error(path.string() + ": the header is not a JSON object");
+  std::uint64_t const body = data_bytes - n;  // bytes after the header
   std::vector<std::pair<std::string, torch::Tensor>> out;
   char const* base = bytes.data() + 8 + n;
   for (auto const& [name, v] : header.items()) {
     if (name == "__metadata__") continue;
-    auto b = v["data_offsets"][0].get<std::uint64_t>(), e = v["data_offsets"][1].get<std::uint64_t>();
-    if (8 + n + e > bytes.size() || b > e) throw cohort::error(path.string() + ": tensor '" + name + "' lies past the end of the file");
-    auto shape = v["shape"].get<std::vector<std::int64_t>>();
-    auto t = torch::empty(shape, torch::TensorOptions().dtype(detail::dtype_of(v["dtype"].get<std::string>())));
-    if (static_cast<std::uint64_t>(t.nbytes()) != e - b) throw cohort::error(path.string() + ": tensor '" + name + "' has a wrong byte count");
-    std::memcpy(t.data_ptr(), base + b, e - b);
+    auto bad = [&](std::string const& what) { return cohort::error(path.string() + ": tensor '" + name + "': " + what); };
+    if (!v.is_object()) throw bad("its entry is not a JSON object");
+    auto const& offsets = v.contains("data_offsets") ? v["data_offsets"] : nlohmann::json();
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
+      throw bad("field 'data_offsets' is not two byte offsets");
+    auto const b = offsets[0].get<std::uint64_t>(), e = offsets[1].get<std::uint64_t>();
+    if (b > e || e > body) throw bad("data_offsets [" + std::to_string(b) + ", " + std::to_string(e) + "] lie past the end of the file");
+    if (!v.contains("dtype") || !v["dtype"].is_string()) throw bad("field 'dtype' is missing or not a string");
+    auto const dtype = detail::dtype_of(v["dtype"].get<std::string>());
+    if (!v.contains("shape") || !v["shape"].is_array()) throw bad("field 'shape' is missing or not a list");
+    std::vector<std::int64_t> shape;
+    std::uint64_t count = 1;  // elements, checked against the bytes before anything is allocated
+    for (auto const& d : v["shape"]) {
+      if (!d.is_number_unsigned()) throw bad("field 'shape' holds " + d.dump() + ", not a dimension");
+      auto const dim = d.get<std::uint64_t>();
+      if (dim != 0 && count > body / dim) throw bad("shape " + v["shape"].dump() + " is larger than the file");
+      count *= dim;
+      shape.push_back(static_cast<std::int64_t>(dim));
+    }
+    auto const element = static_cast<std::uint64_t>(c10::elementSize(dtype));
+    if (count > body / element || count * element != e - b)
+      throw bad("shape " + v["shape"].dump() + " of " + v["dtype"].get<std::string>() + " needs " +
+                (count > body / element ? std::string("more bytes than the file has") : std::to_string(count * element) + " bytes") +
+                ", data_offsets give " + std::to_string(e - b));
+    auto t = torch::empty(shape, torch::TensorOptions().dtype(dtype));
+    if (e > b) std::memcpy(t.data_ptr(), base + b, e - b);
     out.emplace_back(name, std::move(t));
   }
   return out;
