@@ -76,6 +76,16 @@ TEST_CASE("truncated and corrupt IDX files name the file, the offset and the pro
   CHECK_THROWS_WITH(cohort::data::read_idx(scratch_file("missing.idx")), contains_text("missing.idx: no such file"));
 }
 
+TEST_CASE("an IDX header that claims more than the file holds is an error, never an allocation", "[data][idx][bad-input]") {
+  auto terabyte = scratch_file("terabyte.idx");  // 2^40 bytes claimed, 3 held
+  write_bytes(terabyte, idx_bytes({0xFFFFFF, 0x10000}, "abc"));
+  CHECK_THROWS_WITH(cohort::data::read_idx(terabyte),
+                    contains_text("at byte 15: short read: expected 1099511562240 data bytes, the file holds 3"));
+  auto overflow = scratch_file("overflow.idx");  // 8 dimensions of 2^32 - 1: the product overflows 64 bits
+  write_bytes(overflow, idx_bytes(std::vector<std::int64_t>(8, 0xFFFFFFFF), "abc"));
+  CHECK_THROWS_WITH(cohort::data::read_idx(overflow), contains_text("dimensions multiply to more than 2^48 elements"));
+}
+
 TEST_CASE("CSV files read numeric features and integer labels", "[data][csv]") {
   auto p = scratch_file("ok.csv");
   write_bytes(p, "x1, label ,x2\n0.5,1,2\n\n-1e3,0,3.25\n");

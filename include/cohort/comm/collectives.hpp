@@ -27,7 +27,7 @@ std::vector<std::string> allgather_strings(C& comm, std::string const& value) {
   std::size_t width = 0;
   for (auto l : lens) width = std::max(width, static_cast<std::size_t>(l));
   std::vector<std::byte> send(width), recv(width * n);
-  std::memcpy(send.data(), value.data(), value.size());
+  if (!value.empty()) std::memcpy(send.data(), value.data(), value.size());  // an empty vector's data() may be null
   comm.allgather(send.data(), width, recv.data());
   std::vector<std::string> out(n);
   for (std::size_t r = 0; r < n; ++r)

@@ -45,24 +45,32 @@ inline idx_array read_idx(std::filesystem::path const& path) {
   if (magic[3] < 1 || magic[3] > 8) throw fail(3, "bad dimension count " + std::to_string(magic[3]));
   idx_array out;
   std::int64_t count = 1;
+  constexpr std::int64_t max_count = std::int64_t{1} << 48;  // 256 TiB: no real IDX file; keeps the product exact
   for (int d = 0; d < magic[3]; ++d) {
     unsigned char b[4];
     if (gzread(f, b, 4) != 4) throw fail(4 + 4 * d, "short read of dimension " + std::to_string(d) + ": the file is truncated");
     out.dims.push_back((std::int64_t{b[0]} << 24) | (std::int64_t{b[1]} << 16) | (std::int64_t{b[2]} << 8) | b[3]);
+    if (out.dims.back() != 0 && count > max_count / out.dims.back())
+      throw fail(4 + 4 * d, "dimensions multiply to more than 2^48 elements: not a real IDX file");
     count *= out.dims.back();
   }
   std::int64_t const header = 4 + 4 * std::int64_t{magic[3]};
-  out.data.resize(static_cast<std::size_t>(count));
+  // The header's count is a claim: memory grows with the bytes actually read (a compressed
+  // file's size says nothing of its content), in chunks from 64 KiB doubling up to 64 MiB.
+  std::int64_t chunk_bytes = std::int64_t{64} << 10;
   std::int64_t got = 0;
   while (got < count) {
-    auto chunk = static_cast<unsigned>(std::min<std::int64_t>(count - got, 1 << 30));
-    int n = gzread(f, out.data.data() + got, chunk);
+    auto const chunk = std::min(count - got, chunk_bytes);
+    chunk_bytes = std::min(chunk_bytes * 2, std::int64_t{64} << 20);
+    out.data.resize(static_cast<std::size_t>(got + chunk));
+    int n = gzread(f, out.data.data() + got, static_cast<unsigned>(chunk));
     if (n < 0) throw fail(header + got, "corrupt compressed data");
     if (n == 0)
       throw fail(header + got, "short read: expected " + std::to_string(count) + " data bytes, the file holds " +
                                    std::to_string(got) + ": the file is truncated");
     got += n;
   }
+  out.data.resize(static_cast<std::size_t>(got));
   unsigned char extra;
   if (gzread(f, &extra, 1) == 1) throw fail(header + count, "trailing bytes after the " + std::to_string(count) + " data bytes");
   return out;
