@@ -479,6 +479,11 @@ TEST_CASE("a safetensors file whose header claims more than the file holds is an
     write(h.size(), h, 8);
     expect = "tensor 'w': field 'shape' holds -2, not a dimension";
   }
+  SECTION("a zero dimension beside one that does not fit in a tensor's int64 sizes") {
+    auto const h = header({{"dtype", "F32"}, {"shape", {std::uint64_t{0}, ~std::uint64_t{0}}}, {"data_offsets", {0, 0}}});
+    write(h.size(), h, 8);
+    expect = "tensor 'w': shape [0,18446744073709551615] has dimensions whose product exceeds 2^63";
+  }
   SECTION("an unknown dtype") {
     auto const h = header({{"dtype", "F128"}, {"shape", {2}}, {"data_offsets", {0, 8}}});
     write(h.size(), h, 8);

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/checkpointing/checkpoint.hpp"
+#include "cohort/checkpointing/safetensors_header.hpp"
 #include "cohort/error.hpp"
 
 namespace cohort::safetensors {
@@ -86,45 +87,13 @@ inline std::vector<std::pair<std::string, torch::Tensor>> load(std::filesystem::
   std::ifstream in(path, std::ios::binary);
   if (!in) throw cohort::error(path.string() + ": cannot open");
   std::vector<char> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (bytes.size() < 8) throw cohort::error(path.string() + ": too short for a safetensors file");
-  std::uint64_t n = 0;
-  for (int k = 0; k < 8; ++k) n |= std::uint64_t{static_cast<unsigned char>(bytes[static_cast<std::size_t>(k)])} << (8 * k);
-  std::uint64_t const data_bytes = bytes.size() - 8;
-  if (n > data_bytes) throw cohort::error(path.string() + ": header length " + std::to_string(n) + " past the end of the file");
-  auto header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n), nullptr, false);
-  if (!header.is_object()) throw cohort::error(path.string() + ": the header is not a JSON object");
-  std::uint64_t const body = data_bytes - n;  // bytes after the header
+  auto const h = parse_header({bytes.data(), bytes.size()}, path);  // every check, before any allocation
+  char const* base = bytes.data() + h.data_start;
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  char const* base = bytes.data() + 8 + n;
-  for (auto const& [name, v] : header.items()) {
-    if (name == "__metadata__") continue;
-    auto bad = [&](std::string const& what) { return cohort::error(path.string() + ": tensor '" + name + "': " + what); };
-    if (!v.is_object()) throw bad("its entry is not a JSON object");
-    auto const& offsets = v.contains("data_offsets") ? v["data_offsets"] : nlohmann::json();
-    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
-      throw bad("field 'data_offsets' is not two byte offsets");
-    auto const b = offsets[0].get<std::uint64_t>(), e = offsets[1].get<std::uint64_t>();
-    if (b > e || e > body) throw bad("data_offsets [" + std::to_string(b) + ", " + std::to_string(e) + "] lie past the end of the file");
-    if (!v.contains("dtype") || !v["dtype"].is_string()) throw bad("field 'dtype' is missing or not a string");
-    auto const dtype = detail::dtype_of(v["dtype"].get<std::string>());
-    if (!v.contains("shape") || !v["shape"].is_array()) throw bad("field 'shape' is missing or not a list");
-    std::vector<std::int64_t> shape;
-    std::uint64_t count = 1;  // elements, checked against the bytes before anything is allocated
-    for (auto const& d : v["shape"]) {
-      if (!d.is_number_unsigned()) throw bad("field 'shape' holds " + d.dump() + ", not a dimension");
-      auto const dim = d.get<std::uint64_t>();
-      if (dim != 0 && count > body / dim) throw bad("shape " + v["shape"].dump() + " is larger than the file");
-      count *= dim;
-      shape.push_back(static_cast<std::int64_t>(dim));
-    }
-    auto const element = static_cast<std::uint64_t>(c10::elementSize(dtype));
-    if (count > body / element || count * element != e - b)
-      throw bad("shape " + v["shape"].dump() + " of " + v["dtype"].get<std::string>() + " needs " +
-                (count > body / element ? std::string("more bytes than the file has") : std::to_string(count * element) + " bytes") +
-                ", data_offsets give " + std::to_string(e - b));
-    auto t = torch::empty(shape, torch::TensorOptions().dtype(dtype));
-    if (e > b) std::memcpy(t.data_ptr(), base + b, e - b);
-    out.emplace_back(name, std::move(t));
+  for (auto const& e : h.tensors) {
+    auto t = torch::empty(e.shape, torch::TensorOptions().dtype(detail::dtype_of(e.dtype)));
+    if (e.end > e.begin) std::memcpy(t.data_ptr(), base + e.begin, e.end - e.begin);
+    out.emplace_back(e.name, std::move(t));
   }
   return out;
 }
