@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -287,4 +289,19 @@ TEST_CASE("bad domains and spaces fail when built, with one clear line", "[tunin
   CHECK_THROWS_WITH((cohort::space{{"opt", "sgd"}, {"opt/lr", 0.2}}), contains_text("overlap"));
   CHECK_THROWS_WITH((cohort::space{{"opt//lr", 0.2}}), contains_text("bad key"));
   CHECK_THROWS_WITH((cohort::space{{"", 0.2}}), contains_text("bad key"));
+}
+
+TEST_CASE("integer domains as wide as int64 sample and clamp inside their bounds", "[tuning][pure][bad-input]") {
+  auto const lo = std::numeric_limits<std::int64_t>::min(), hi = std::numeric_limits<std::int64_t>::max();
+  for (auto const& v : draw(cohort::randint(lo, hi), 200)) {
+    REQUIRE(v.is_number_integer());
+    CHECK(v.get<std::int64_t>() < hi);
+  }
+  for (auto const& v : draw(cohort::qrandint(lo, hi, 1), 200)) REQUIRE(v.is_number_integer());
+  for (auto const& v : draw(cohort::qrandint(0, hi, hi), 200)) CHECK((v == 0 || v == hi));
+  CHECK(cohort::randint(lo, hi).clamp_and_round(1e300) == hi - 1);
+  CHECK(cohort::randint(lo, hi).clamp_and_round(-1e300) == lo);
+  CHECK(cohort::qrandint(0, hi, hi).clamp_and_round(1e300) == hi);
+  CHECK(cohort::qrandint(lo, 0, 3).clamp_and_round(-1e300) == lo / 3 * 3);
+  CHECK_THROWS_WITH(cohort::randint(hi, hi), contains_text("needs low < high"));
 }

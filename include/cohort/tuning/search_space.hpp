@@ -140,9 +140,11 @@ class domain {
       case kind::loguniform: return log_draw(lo_, hi_, rng);
       case kind::qloguniform: return k_to_value(std::nearbyint(log_draw(klo_ * q_, khi_ * q_, rng) / q_));
       case kind::randint:
-      case kind::qrandint:
-        return k_to_value(klo_ + static_cast<double>(
-                                     detail::uniform_index(rng, static_cast<std::uint64_t>(khi_ - klo_) + 1)));
+      case kind::qrandint: {  // in integers: a range as wide as int64's has more values than a double tells apart
+        auto const span = static_cast<std::uint64_t>(ikhi_) - static_cast<std::uint64_t>(iklo_);  // values - 1
+        auto const i = span == std::numeric_limits<std::uint64_t>::max() ? rng() : detail::uniform_index(rng, span + 1);
+        return integer_value(static_cast<std::int64_t>(static_cast<std::uint64_t>(iklo_) + i));
+      }
       case kind::randn: return mean_ + sd_ * detail::standard_normal(rng);
       case kind::qrandn: return std::nearbyint((mean_ + sd_ * detail::standard_normal(rng)) / q_) * q_;
       case kind::function: return fn_(partial_config, rng);
@@ -214,10 +216,15 @@ class domain {
       case kind::loguniform: return std::clamp(x, lo_, hi_);
       case kind::randn: return x;
       case kind::qrandn: return std::nearbyint(x / q_) * q_;
-      default: {  // quniform, qloguniform, randint, qrandint: clamp k = x / q into [klo, khi]
-        double const step = kind_ == kind::randint ? 1.0 : q_;
-        return k_to_value(std::nearbyint(std::clamp(x / step, klo_, khi_)));
+      case kind::randint:
+      case kind::qrandint: {  // clamp k = x / q into [klo, khi] before it becomes an integer
+        double const k = std::nearbyint(x / (kind_ == kind::randint ? 1.0 : q_));
+        if (k <= static_cast<double>(iklo_)) return integer_value(iklo_);
+        if (k >= static_cast<double>(ikhi_)) return integer_value(ikhi_);
+        return integer_value(static_cast<std::int64_t>(k));  // strictly between two int64s
       }
+      default:  // quniform, qloguniform: clamp k = x / q into [klo, khi]
+        return k_to_value(std::nearbyint(std::clamp(x / q_, klo_, khi_)));
     }
   }
 
@@ -298,17 +305,26 @@ class domain {
     std::string const what = d.describe();
     if (k == kind::randint) {
       if (lo >= hi)
-        throw cohort::error(what + ": needs low < high, high is exclusive: randint(" + std::to_string(lo) + ", " +
-                            std::to_string(lo + 1) + ") always gives " + std::to_string(lo));
-      d.klo_ = d.lo_;
-      d.khi_ = d.hi_ - 1;
+        throw cohort::error(what + ": needs low < high, high is exclusive: " +
+                            (lo < std::numeric_limits<std::int64_t>::max()
+                                 ? "randint(" + std::to_string(lo) + ", " + std::to_string(lo + 1) + ") always gives " + std::to_string(lo)
+                                 : std::string("lower low")));
+      d.iklo_ = lo;
+      d.ikhi_ = hi - 1;
+      d.klo_ = static_cast<double>(d.iklo_);
+      d.khi_ = static_cast<double>(d.ikhi_);
       return d;
     }
     if (q <= 0) throw cohort::error(what + ": q must be > 0: it is the spacing of the values");
     if (lo > hi) throw cohort::error(what + ": low > high: pass the smaller bound first (high is inclusive)");
-    auto floor_div = [](std::int64_t a, std::int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); };
-    std::int64_t const klo = -floor_div(-lo, q), khi = floor_div(hi, q);
+    // q > 0: round a / q towards -inf and +inf, without negating (-INT64_MIN overflows)
+    auto floor_div = [](std::int64_t a, std::int64_t b) { return a / b - (a % b != 0 && a < 0); };
+    auto ceil_div = [](std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 && a > 0); };
+    std::int64_t const klo = ceil_div(lo, q), khi = floor_div(hi, q);
     if (klo > khi) throw cohort::error(what + ": no multiple of q lies in [low, high]: widen the range or change q");
+    d.iklo_ = klo;
+    d.ikhi_ = khi;
+    d.iq_ = q;
     d.klo_ = static_cast<double>(klo);
     d.khi_ = static_cast<double>(khi);
     return d;
@@ -330,11 +346,13 @@ class domain {
     if (!is_numeric()) throw cohort::error(describe() + ": " + what + " is only defined for numeric domains");
   }
 
-  /// The admissible value k * q (k for randint) as JSON of the domain's type.
-  nlohmann::json k_to_value(double k) const {
-    if (kind_ == kind::randint) return static_cast<std::int64_t>(k);
-    if (kind_ == kind::qrandint) return static_cast<std::int64_t>(k) * static_cast<std::int64_t>(q_);
-    return k * q_;
+  /// The admissible value k * q of quniform and qloguniform.
+  nlohmann::json k_to_value(double k) const { return k * q_; }
+
+  /// The admissible value of randint (k) or qrandint (k * q, within [low, high] for k in
+  /// [iklo_, ikhi_]), a JSON integer.
+  nlohmann::json integer_value(std::int64_t k) const {
+    return kind_ == kind::randint ? k : k * iq_;
   }
 
   static double log_draw(double lo, double hi, std::mt19937_64& rng) {
@@ -348,6 +366,7 @@ class domain {
   double hi_ = std::numeric_limits<double>::infinity();
   double q_ = 0;
   double klo_ = 0, khi_ = 0;  // admissible values are k * q (k for randint) for k in [klo_, khi_]
+  std::int64_t iklo_ = 0, ikhi_ = 0, iq_ = 1;  // the same k bounds and q, exact, for randint and qrandint
   double mean_ = 0, sd_ = 1;
   function_type fn_{};
 };
