@@ -259,3 +259,69 @@ TEST_CASE("a trial group waiting for another group's long trial is not ended by 
   CHECK(grid.size() == 3);
   for (auto const& t : grid.trials) CHECK(t.status == "TERMINATED");
 }
+
+TEST_CASE("a hostile experiment_state.json is an error naming the file and the field, never another exception", "[tuning][pure][bad-input]") {
+  using namespace cohort::tuning::detail;
+  std::filesystem::path const file = "exp/experiment_state.json";
+  auto state = [](nlohmann::json trials, nlohmann::json searcher = nlohmann::json::object()) {
+    return nlohmann::json{{"trials", std::move(trials)}, {"searcher", std::move(searcher)}, {"scheduler", nlohmann::json::object()},
+                          {"next_trial", 2}}.dump();
+  };
+  auto trial = [](nlohmann::json id, std::string status = "RUNNING") {
+    return nlohmann::json{{"id", std::move(id)}, {"status", status}, {"config", {{"x", 1}}}, {"last", nlohmann::json::object()}};
+  };
+  std::string text, expect;
+  SECTION("a trial id that leads outside the experiment") {
+    text = state({trial("../../outside")});
+    expect = "exp/experiment_state.json: field 'trials[0].id' is \"../../outside\", not a trial id like trial_00001";
+  }
+  SECTION("a trial id that is not a string") {
+    text = state({trial(7)});
+    expect = "field 'trials[0].id' is not a string";
+  }
+  SECTION("a trial listed twice") {
+    text = state({trial("trial_00001"), trial("trial_00001", "PAUSED")});
+    expect = "field 'trials[1].id': trial trial_00001 is listed twice";
+  }
+  SECTION("a trial at or past next_trial, which the searcher would suggest again") {
+    text = state({trial("trial_00002")});
+    expect = "field 'trials[0].id' is trial_00002, not below next_trial 2";
+  }
+  SECTION("an unknown status") {
+    text = state({trial("trial_00000", "DONE")});
+    expect = "field 'trials[0].status' is \"DONE\", not PENDING, RUNNING, PAUSED, TERMINATED or ERROR";
+  }
+  SECTION("a missing next_trial") {
+    text = R"({"trials": [], "searcher": {}, "scheduler": {}})";
+    expect = "field 'next_trial' is missing";
+  }
+  SECTION("text that is not JSON") {
+    text = R"({"trials": [)";
+    expect = "exp/experiment_state.json does not parse (";
+  }
+  CHECK_THROWS_WITH(parse_experiment_state(text, file),
+                    contains_text(expect) && contains_text("move it aside to start the experiment afresh"));
+}
+
+TEST_CASE("a searcher or scheduler state of the wrong shape is an error naming the file and the policy", "[tuning][pure][bad-input]") {
+  using namespace cohort::tuning::detail;
+  cohort::tuning::space const sp{{"x", cohort::uniform(0, 1)}};
+  cohort::tuning::objective const obj{"score", cohort::order::max};
+  cohort::search::basic searcher;
+  cohort::schedule::asha scheduler;
+  searcher.setup(sp, obj, 1);
+  scheduler.setup(obj);
+  auto good_searcher = searcher.save_state();
+  auto parsed = [&](nlohmann::json s, nlohmann::json sch) {
+    return parse_experiment_state(
+        nlohmann::json{{"trials", nlohmann::json::array()}, {"searcher", std::move(s)}, {"scheduler", std::move(sch)}, {"next_trial", 0}}.dump(),
+        "exp/experiment_state.json");
+  };
+  auto no_seed = good_searcher;
+  no_seed.erase("seed");
+  CHECK_THROWS_WITH(restore_policies(parsed(no_seed, scheduler.save_state()), searcher, scheduler, "exp/experiment_state.json"),
+                    contains_text("exp/experiment_state.json: field 'searcher' is not the state this searcher saved"));
+  CHECK_THROWS_WITH(restore_policies(parsed(good_searcher, {{"brackets", "x"}}), searcher, scheduler, "exp/experiment_state.json"),
+                    contains_text("exp/experiment_state.json: field 'scheduler' is not the state this scheduler saved"));
+  CHECK_NOTHROW(restore_policies(parsed(good_searcher, scheduler.save_state()), searcher, scheduler, "exp/experiment_state.json"));
+}

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -39,6 +40,7 @@
 #include "cohort/run_config.hpp"
 #include "cohort/trainer.hpp"
 #include "cohort/tuning/decision.hpp"
+#include "cohort/tuning/experiment_state.hpp"
 #include "cohort/tuning/result_grid.hpp"
 #include "cohort/tuning/schedulers.hpp"
 #include "cohort/tuning/search_space.hpp"
@@ -135,36 +137,6 @@ inline std::string encode_trials(std::vector<tuning::trial_result> const& trials
   return text + "]";
 }
 
-/// One trial as the coordinator tracks it.
-struct trial_state {
-  std::string id;
-  std::string status = "PENDING";  ///< PENDING, RUNNING, PAUSED, TERMINATED, ERROR
-  nlohmann::json config = nlohmann::json::object();
-  nlohmann::json saved_last = nlohmann::json::object();  ///< the last result as experiment_state.json had it
-  std::vector<nlohmann::json> history;
-  std::string restore_from;     ///< a checkpoint to start from (PBT's clone of a donor's)
-  std::string error;
-  bool resumed_after_pause = false;
-  std::optional<scheduling_decision> exploit;  ///< set between an exploit decision and the trial's end
-
-  /// The trial's last result (empty before its first).
-  nlohmann::json const& last() const { return history.empty() ? saved_last : history.back(); }
-};
-
-/// A trial in experiment_state.json: everything but its history, which its own result.json holds.
-inline void to_json(nlohmann::json& j, trial_state const& t) {
-  j = {{"id", t.id}, {"status", t.status}, {"config", t.config}, {"last", t.last()},
-       {"restore_from", t.restore_from}, {"error", t.error}};
-}
-inline void from_json(nlohmann::json const& j, trial_state& t) {
-  t.id = j.at("id").get<std::string>();
-  t.status = j.at("status").get<std::string>();
-  t.config = j.at("config");
-  t.saved_last = j.at("last");
-  t.restore_from = j.value("restore_from", std::string{});
-  t.error = j.value("error", std::string{});
-}
-
 /// Rank 0's coordinator: the trial table, the searcher, the scheduler and the stoppers, behind
 /// one mutex. The thread in serve() answers the other group leaders over MPI; rank 0's own
 /// group calls the local_* functions directly. Every decision is logged in the trial table and
@@ -187,24 +159,13 @@ class coordinator {
     auto state_path = exp_ / "experiment_state.json";
     std::error_code ec;
     if (!std::filesystem::exists(state_path, ec)) return;
-    nlohmann::json state;
-    try {
-      state = nlohmann::json::parse(std::ifstream(state_path));
-    } catch (std::exception const& e) {
-      throw cohort::error(state_path.string() + " does not parse (" + e.what() +
-                          "): move it aside to start the experiment afresh, or use another run_config.name");
-    }
-    searcher_.restore_state(state.at("searcher"));
-    scheduler_.restore_state(state.at("scheduler"));
-    next_ = state.at("next_trial").get<std::size_t>();
-    exhausted_ = state.value("searcher_exhausted", false);
-    for (auto const& j : state.at("trials")) {
-      auto t = j.get<trial_state>();
-      std::ifstream rows(exp_ / t.id / "result.json");
-      for (std::string line; std::getline(rows, line);) {
-        auto row = nlohmann::json::parse(line, nullptr, false);
-        if (row.is_object()) t.history.push_back(std::move(row));  // a line cut short by a crash is skipped
-      }
+    auto state = read_experiment_state(state_path);  // checked: ids, statuses, fields
+    restore_policies(state, searcher_, scheduler_, state_path);
+    next_ = state.next_trial;
+    exhausted_ = state.searcher_exhausted;
+    for (auto& t : state.trials) {
+      std::ifstream rows(exp_ / t.id / "result.json", std::ios::binary);
+      t.history = parse_result_rows(std::string{std::istreambuf_iterator<char>(rows), std::istreambuf_iterator<char>()});
       if (t.status == "RUNNING" || t.status == "PENDING") {
         t.status = "PENDING";
         queue_.push_back(t.id);
