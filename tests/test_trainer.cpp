@@ -90,6 +90,7 @@ TEST_CASE("a config that does not parse is an error on every rank", "[trainer][m
       nlohmann::json{{"lr", "fast"}}, quiet(storage));
   REQUIRE_FALSE(r.ok());
   CHECK_THAT(*r.error, contains_text("does not parse into"));
+  CHECK_THAT(*r.error, contains_text("field 'lr': "));  // the field that does not convert is named
   CHECK_FALSE(ran);
   CHECK_FALSE(std::filesystem::exists(storage / "run" / "params.json"));
 }

@@ -337,7 +337,11 @@ struct report_state {
 
   void write_now(std::int64_t iteration, checkpoint_payload const& payload) {
     try {
-      std::filesystem::create_directories(staging_of(iteration));
+      std::error_code ec;
+      std::filesystem::create_directories(staging_of(iteration), ec);
+      if (ec)
+        throw cohort::error("cannot create " + staging_of(iteration).string() + " (" + ec.message() +
+                            "): check free space and that run_config.storage_path is writable");
       if (payload.write) payload.write(staging_of(iteration), rank);
     } catch (std::exception const& e) {
       throw cohort::error(std::string("writing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what());

@@ -89,6 +89,31 @@ T const& get_or(std::tuple<Ps...> const& ps, T const& fallback) {
   else return fallback;
 }
 
+/// Where `config` fails to convert into `T`, as the start of an error ("field 'lr': "): each
+/// field alone over a default `T`'s JSON, tried in turn; or a config that is not an object where
+/// `T`'s JSON is one. Empty when T has no default or nothing single is found. Words errors only.
+template <class T>
+std::string config_problem(nlohmann::json const& config) {
+  if constexpr (std::is_default_constructible_v<T>) {
+    try {
+      auto const base = nlohmann::json(T{});
+      if (!base.is_object()) return {};
+      if (!config.is_object()) return std::string("a JSON ") + config.type_name() + ", not an object: ";
+      for (auto const& [key, value] : config.items()) {
+        auto one = base;
+        one[key] = value;
+        try {
+          (void)one.template get<T>();
+        } catch (std::exception const&) {
+          return "field '" + key + "': ";
+        }
+      }
+    } catch (std::exception const&) {
+    }
+  }
+  return {};
+}
+
 template <class T>
 std::string type_name() {
   int status = 0;
@@ -247,7 +272,8 @@ class trainer {
         param.emplace(nlohmann::json::parse(config_text).template get<param_type>());
       } catch (std::exception const& e) {
         err = "config " + config_text + " does not parse into " + detail::type_name<param_type>() + ": " +
-              e.what() + ": fix the config's keys and types (or its from_json)";
+              detail::config_problem<param_type>(nlohmann::json::parse(config_text, nullptr, false)) + e.what() +
+              ": fix the config's keys and types (or its from_json)";
       }
       name = comm::broadcast_string(control, run.name.empty() ? "cohort_" + detail::utc_stamp() : run.name);
     }

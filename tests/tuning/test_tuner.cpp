@@ -291,6 +291,13 @@ TEST_CASE("a hostile experiment_state.json is an error naming the file and the f
     text = state({trial("trial_00000", "DONE")});
     expect = "field 'trials[0].status' is \"DONE\", not PENDING, RUNNING, PAUSED, TERMINATED or ERROR";
   }
+  SECTION("a checkpoint to restore from outside the trial's directory") {
+    auto t = trial("trial_00001");
+    t["restore_from"] = "/elsewhere/trial_00000/exploit_1_trial_00000_checkpoint_000002";
+    text = state({t});
+    expect = "field 'trials[0].restore_from' is \"/elsewhere/trial_00000/exploit_1_trial_00000_checkpoint_000002\", "
+             "not a checkpoint in the trial's own directory trial_00001";
+  }
   SECTION("a missing next_trial") {
     text = R"({"trials": [], "searcher": {}, "scheduler": {}})";
     expect = "field 'next_trial' is missing";
@@ -301,6 +308,17 @@ TEST_CASE("a hostile experiment_state.json is an error naming the file and the f
   }
   CHECK_THROWS_WITH(parse_experiment_state(text, file),
                     contains_text(expect) && contains_text("move it aside to start the experiment afresh"));
+}
+
+TEST_CASE("a restored trial's checkpoint to restore from is taken by name under the experiment's directory", "[tuning][pure][bad-input]") {
+  using namespace cohort::tuning::detail;
+  auto t = nlohmann::json{{"id", "trial_00001"}, {"status", "PENDING"}, {"config", {{"x", 1}}}, {"last", nlohmann::json::object()},
+                          {"restore_from", "/moved/exp/trial_00001/exploit_1_trial_00000_checkpoint_000002"}};
+  auto parsed = parse_experiment_state(
+      nlohmann::json{{"trials", {t}}, {"searcher", nlohmann::json::object()}, {"scheduler", nlohmann::json::object()}, {"next_trial", 2}}.dump(),
+      "exp/experiment_state.json");
+  REQUIRE(parsed.trials.size() == 1);
+  CHECK(parsed.trials[0].restore_from == (std::filesystem::path("exp") / "trial_00001" / "exploit_1_trial_00000_checkpoint_000002").string());
 }
 
 TEST_CASE("a searcher or scheduler state of the wrong shape is an error naming the file and the policy", "[tuning][pure][bad-input]") {

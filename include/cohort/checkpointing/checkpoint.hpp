@@ -318,6 +318,10 @@ inline std::optional<std::string> verify(std::filesystem::path const& dir) {
   namespace fs = std::filesystem;
   auto const manifest = (dir / "manifest.json").string();
   std::error_code ec;
+  if (auto const t = fs::status(dir, ec).type(); t == fs::file_type::not_found)
+    return dir.string() + ": does not exist";
+  else if (t != fs::file_type::directory)
+    return dir.string() + ": not a directory";
   if (fs::symlink_status(dir / "manifest.json", ec).type() != fs::file_type::regular)
     return dir.string() + ": no manifest.json (an uncommitted or foreign directory)";
   std::ifstream in(dir / "manifest.json");

@@ -27,6 +27,8 @@ inline idx_array read_idx(std::filesystem::path const& path) {
   if (!std::filesystem::exists(path))
     throw cohort::error(path.string() + ": no such file: check the path (for Fashion-MNIST: install the "
                         "dataset-fashion-mnist package, or pass the directory that holds the IDX files)");
+  if (std::filesystem::is_directory(path))
+    throw cohort::error(path.string() + ": a directory, not an IDX file: check the path");
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) throw cohort::error(path.string() + ": cannot open: check its permissions");
   struct closer {
@@ -36,12 +38,21 @@ inline idx_array read_idx(std::filesystem::path const& path) {
   auto fail = [&](std::int64_t offset, std::string const& what) {
     return cohort::error(path.string() + " at byte " + std::to_string(offset) + ": " + what);
   };
+  auto corrupt = [&](std::int64_t offset) {
+    int code = 0;
+    char const* why = gzerror(f, &code);
+    return fail(offset, std::string("corrupt compressed data (zlib: ") + (why ? why : "unknown") + "): the file is damaged");
+  };
   unsigned char magic[4];
-  if (gzread(f, magic, 4) != 4) throw fail(0, "short read of the 4-byte magic number: the file is truncated or empty");
+  if (int n = gzread(f, magic, 4); n != 4) {
+    if (n < 0) throw corrupt(0);
+    throw fail(0, "short read of the 4-byte magic number: the file is truncated or empty");
+  }
   if (magic[0] != 0 || magic[1] != 0)
     throw fail(0, "bad magic number (expected 00 00 <type> <ndims>): not an IDX file");
   if (magic[2] != 0x08)
-    throw fail(2, "unsupported element type 0x" + std::to_string(magic[2]) + ": only unsigned bytes (0x08) are read");
+    throw fail(2, "unsupported element type 0x" + std::string{"0123456789abcdef"[magic[2] >> 4], "0123456789abcdef"[magic[2] & 15]} +
+                      ": only unsigned bytes (0x08) are read");
   if (magic[3] < 1 || magic[3] > 8) throw fail(3, "bad dimension count " + std::to_string(magic[3]));
   idx_array out;
   std::int64_t count = 1;
@@ -64,7 +75,7 @@ inline idx_array read_idx(std::filesystem::path const& path) {
     chunk_bytes = std::min(chunk_bytes * 2, std::int64_t{64} << 20);
     out.data.resize(static_cast<std::size_t>(got + chunk));
     int n = gzread(f, out.data.data() + got, static_cast<unsigned>(chunk));
-    if (n < 0) throw fail(header + got, "corrupt compressed data");
+    if (n < 0) throw corrupt(header + got);
     if (n == 0)
       throw fail(header + got, "short read: expected " + std::to_string(count) + " data bytes, the file holds " +
                                    std::to_string(got) + ": the file is truncated");

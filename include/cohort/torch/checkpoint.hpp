@@ -19,7 +19,10 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -62,6 +65,18 @@ void copy_tensors(torch::optim::RMSpropParamState& s, F const& copy) {
 template <class State, class F>  // Adam, AdamW
 void copy_tensors(State& s, F const& copy) {
   s.exp_avg(copy(s.exp_avg())).exp_avg_sq(copy(s.exp_avg_sq())).max_exp_avg_sq(copy(s.max_exp_avg_sq()));
+}
+
+/// The optimizer's kind as state.json records it: a built-in's name, else its C++ type.
+inline std::string optimizer_kind(torch::optim::Optimizer const& o) {
+  namespace optim = torch::optim;
+  if (dynamic_cast<optim::AdamW const*>(&o)) return "AdamW";
+  if (dynamic_cast<optim::Adam const*>(&o)) return "Adam";
+  if (dynamic_cast<optim::SGD const*>(&o)) return "SGD";
+  if (dynamic_cast<optim::Adagrad const*>(&o)) return "Adagrad";
+  if (dynamic_cast<optim::RMSprop const*>(&o)) return "RMSprop";
+  if (dynamic_cast<optim::LBFGS const*>(&o)) return "LBFGS";
+  return c10::demangle(typeid(o).name());
 }
 
 inline std::string archive_bytes(torch::serialize::OutputArchive& archive) {
@@ -144,6 +159,7 @@ struct torch_state {
   std::vector<torch::optim::Optimizer const*> optimizers;  ///< live until snapshot()
   std::vector<saved_optimizer> saved_optimizers;          ///< made by snapshot()
   nlohmann::json values = nlohmann::json::array();
+  nlohmann::json optimizer_kinds = nlohmann::json::array();  ///< optimizer_kind() of each optimizer
   torch::Tensor cpu_rng;
   step_holders holders;
   // A deferred snapshot: the live tensors still to be copied into their destinations (read by
@@ -267,6 +283,7 @@ void capture(torch_state& s, T const& item) {
     s.trainable.push_back(std::move(trainable));
   } else if constexpr (optimizer_like<T>) {
     s.optimizers.push_back(&item);
+    s.optimizer_kinds.push_back(optimizer_kind(item));
   } else {
     s.values.push_back(nlohmann::json(item));
   }
@@ -285,34 +302,77 @@ inline std::vector<char> read_bytes(std::filesystem::path const& p) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+inline std::string shape_text(c10::IntArrayRef sizes) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+inline std::string first_line(std::string_view text) { return std::string(text.substr(0, text.find('\n'))); }
 inline std::string numbered(char const* stem, std::size_t i, char const* ext) {
   return std::string(stem) + (i == 0 ? std::string() : "_" + std::to_string(i)) + ext;
 }
 
 template <class T>
 void restore(std::filesystem::path const& dir, std::size_t& module_i, std::size_t& optimizer_i, std::size_t& value_i,
-             nlohmann::json const& values, T& item) {
+             nlohmann::json const& state, T& item) {
   if constexpr (module_like<T>) {
     auto file = dir / numbered("model", module_i++, ".safetensors");
     auto saved = safetensors::load(file);
     torch::NoGradGuard no_grad;
+    // As PyTorch's strict load_state_dict: every tensor of the model, of the same shape, and no
+    // other (copy_ would broadcast a smaller tensor into a larger one without a word).
+    std::size_t matched = 0;
     auto load = [&](std::string const& name, torch::Tensor& t) {
       for (auto const& [n, v] : saved)
         if (n == name) {
+          if (v.sizes() != t.sizes())
+            throw cohort::error("checkpoint file " + file.string() + ": tensor '" + name + "' has shape " +
+                                shape_text(v.sizes()) + ", the model's has " + shape_text(t.sizes()) +
+                                ": it was saved from another model (check the model's constructor arguments)");
           t.copy_(v);
+          ++matched;
           return;
         }
       throw cohort::error("checkpoint file " + file.string() + " has no tensor '" + name + "': it was saved from another model");
     };
     for (auto& p : item->named_parameters()) load(p.key(), p.value());
     for (auto& b : item->named_buffers()) load(b.key(), b.value());
+    if (matched != saved.size()) {
+      auto const names = item->named_parameters().keys(), buffers = item->named_buffers().keys();
+      for (auto const& [n, v] : saved)
+        if (std::find(names.begin(), names.end(), n) == names.end() && std::find(buffers.begin(), buffers.end(), n) == buffers.end())
+          throw cohort::error("checkpoint file " + file.string() + " has tensor '" + n +
+                              "', which the model does not: it was saved from another model");
+    }
   } else if constexpr (optimizer_like<T>) {
-    torch::serialize::InputArchive archive;
-    archive.load_from((dir / numbered("optimizer", optimizer_i++, ".pt")).string());
-    item.load(archive);
+    auto const file = dir / numbered("optimizer", optimizer_i, ".pt");
+    // state.json names each optimizer's kind (checkpoints written before it did are not checked).
+    if (auto const* kinds = state.contains("optimizers") ? &state["optimizers"] : nullptr;
+        kinds && kinds->is_array() && optimizer_i < kinds->size() && (*kinds)[optimizer_i].is_string() &&
+        (*kinds)[optimizer_i].get<std::string>() != optimizer_kind(item))
+      throw cohort::error("checkpoint file " + file.string() + " holds the state of a " +
+                          (*kinds)[optimizer_i].get<std::string>() + " optimizer, not of this " + optimizer_kind(item) +
+                          ": build the optimizer the checkpoint was saved with");
+    ++optimizer_i;
+    try {
+      torch::serialize::InputArchive archive;
+      archive.load_from(file.string());
+      item.load(archive);
+    } catch (c10::Error const& e) {
+      throw cohort::error("checkpoint file " + file.string() + " does not load into this optimizer (" +
+                          first_line(e.what_without_backtrace()) +
+                          "): it was saved by another kind of optimizer, or for another model");
+    }
   } else {
-    if (value_i >= values.size()) throw cohort::error("checkpoint " + dir.string() + " holds fewer values than requested");
-    item = values[value_i++].template get<T>();
+    auto const values = state.value("values", nlohmann::json::array());
+    if (!values.is_array() || value_i >= values.size()) throw cohort::error("checkpoint " + dir.string() + " holds fewer values than requested");
+    try {
+      item = values[value_i].template get<T>();
+    } catch (nlohmann::json::exception const& e) {
+      throw cohort::error("checkpoint " + dir.string() + ": value " + std::to_string(value_i) + " of state.json does not convert (" +
+                          e.what() + "): load the values in the order and types they were saved");
+    }
+    ++value_i;
   }
 }
 
@@ -336,7 +396,7 @@ checkpoint_payload checkpoint_of(Items const&... items) {
   p.write = [st](std::filesystem::path const& dir, int rank) {
     if (rank != 0) return;
     // Small files first: the model's fsync (write_checked) then commits their blocks too.
-    auto state = nlohmann::json{{"values", st->values}}.dump(2);
+    auto state = nlohmann::json{{"values", st->values}, {"optimizers", st->optimizer_kinds}}.dump(2);
     checkpointing::write_checked(dir / "state.json", state.data(), state.size());
     auto rng = torch::pickle_save(st->cpu_rng);
     checkpointing::write_checked(dir / "rng.pt", rng.data(), rng.size());
@@ -365,7 +425,7 @@ void load_checkpoint(checkpoint const& ckpt, Items&... items) {
   auto state = nlohmann::json::parse(in, nullptr, false);
   if (!state.is_object()) throw cohort::error("checkpoint " + dir.string() + " has no readable state.json");
   std::size_t m = 0, o = 0, v = 0;
-  (detail::restore(dir, m, o, v, state["values"], items), ...);
+  (detail::restore(dir, m, o, v, std::as_const(state), items), ...);
   auto rng = torch::pickle_load(detail::read_bytes(dir / "rng.pt")).toTensor();
   at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle sharing the default generator
   std::lock_guard<std::mutex> lock(gen.mutex());

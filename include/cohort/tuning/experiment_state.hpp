@@ -73,7 +73,8 @@ inline std::optional<std::size_t> trial_number(std::string_view id) {
 /// Parses the text of experiment_state.json (`file` names it in errors) and checks it: a JSON
 /// object with "searcher" and "scheduler", a trial count "next_trial", and "trials", each with
 /// an id trial_NNNNN below next_trial (unique), a known status, a config, an object last
-/// result, and optional strings restore_from and error. Throws cohort::error naming the file
+/// result, and optional strings restore_from (a checkpoint in the trial's own directory, taken
+/// by name under the file's directory) and error. Throws cohort::error naming the file
 /// and the field otherwise; the searcher's and scheduler's states are checked by restore_policies.
 inline experiment_state parse_experiment_state(std::string_view text, std::filesystem::path const& file) {
   nlohmann::json state;
@@ -125,6 +126,17 @@ inline experiment_state parse_experiment_state(std::string_view text, std::files
     t.config = j["config"];
     t.saved_last = j["last"];
     t.restore_from = string_of("restore_from", false);
+    if (!t.restore_from.empty()) {
+      // PBT's clone of a donor's checkpoint, always made in the trial's own directory: only its
+      // name is taken, under this experiment's directory (never a path from the file).
+      std::filesystem::path const from(t.restore_from);
+      auto const name = from.filename().string();
+      if (from.parent_path().filename() != t.id || name.empty() || name == "." || name == ".." ||
+          name.find_first_of(std::string_view("\\\0", 2)) != std::string::npos)
+        throw bad("field '" + field + ".restore_from' is " + nlohmann::json(t.restore_from).dump() +
+                  ", not a checkpoint in the trial's own directory " + t.id);
+      t.restore_from = (file.parent_path() / t.id / name).string();
+    }
     t.error = string_of("error", false);
     out.trials.push_back(std::move(t));
   }
