@@ -106,6 +106,10 @@ struct report_state {
     validate_fn validate;
   };
   std::optional<pending_checkpoint> writing, to_commit;
+  /// The payload `worker` is writing, held by the training thread until it has waited for the
+  /// writer: what it refers to (a snapshot's references to live tensors) is released here, never
+  /// on the writer thread.
+  std::optional<checkpoint_payload> writing_payload;
   // Async validation (rank 0): at most one in flight; `checkpoints` is shared with it.
   std::thread validator;
   std::mutex checkpoints_mutex;
@@ -227,6 +231,7 @@ struct report_state {
       auto commit_first = rank == 0 ? std::exchange(to_commit, std::nullopt) : std::nullopt;
       to_commit.reset();
       writing = std::move(next);
+      writing_payload = payload;
       worker.start([this, commit_first, iteration, payload, line = std::move(line)] {
         // The deferred copies first: the training thread's next optimizer step waits for them.
         try {
@@ -370,6 +375,7 @@ struct report_state {
   void settle_writes() {
     if (!writing) return;
     worker.wait();
+    writing_payload.reset();
     auto written = std::exchange(writing, std::nullopt);  // settled either way: a failed write is never committed
     std::optional<std::string> err;
     if (!worker_error.empty()) err = std::exchange(worker_error, std::string{});

@@ -245,7 +245,10 @@ struct torch_state {
       }
     }
     changed = changed || sampled_values(copies) != values_at_report;
-    sources.clear();  // the live tensors are no longer read
+    // `sources` keeps its references: the training thread drops them once it has waited for the
+    // writer (report_state::settle_writes), so that a live tensor the training thread frees later
+    // (the functor's optimizer, destroyed while the writer still copies) is freed after the
+    // writer's reads in an order ThreadSanitizer sees (LibTorch's reference counts it cannot).
     gate->open();
     if (changed)
       throw cohort::error(
