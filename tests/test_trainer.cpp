@@ -202,7 +202,7 @@ TEST_CASE("storage every rank sees passes the check on one host", "[trainer][mpi
   auto world = cohort::comm::mpi::world();
   auto dir = cohort_test::scratch("shared_storage");
   std::filesystem::create_directories(dir);
-  CHECK_FALSE(cohort::detail::check_shared_storage(world, dir, "here").has_value());
+  CHECK_FALSE(cohort::detail::check_shared_storage(world, dir, std::vector<std::string>(static_cast<std::size_t>(world.size()), "here")).has_value());
   MPI_Barrier(MPI_COMM_WORLD);
   CHECK(std::filesystem::is_empty(dir));  // the probe file is removed
 }

@@ -317,9 +317,10 @@ class trainer {
       for (auto const& row : reports.dir->previous_rows())
         if (row.value("training_iteration", std::int64_t{0}) <= reports.count) reports.history.push_back(row);
 
-    auto topo = scaling::discover_topology(control, detail::host_name());
+    auto const hosts = comm::allgather_strings(control, detail::host_name());
+    auto topo = scaling::topology_from_hosts(hosts, rank);
     if (topo.num_nodes > 1)  // checkpoints are written by every rank and read back by every rank
-      if (auto e = detail::check_shared_storage(control, run_path, detail::host_name())) return fail(std::move(out), *e, rank);
+      if (auto e = detail::check_shared_storage(control, run_path, hosts)) return fail(std::move(out), *e, rank);
     if constexpr (requires(scaling_type const& p) { p.placement_error(topo, 0); }) {
       if (auto e = comm::agree_on_error(control, scaling().placement_error(topo, scaling::visible_cuda_devices())))
         return fail(std::move(out), *e, rank);

@@ -39,11 +39,12 @@ inline std::optional<std::string> unshared_storage_error(std::vector<bool> const
 
 /// Collective over `comm`: an error (the same on every rank) when some rank cannot read a file
 /// rank 0 has just written in `run_path` (it waits up to `wait_ms` for it to show, as a network
-/// file system may take a moment). Cost: one file written and removed by rank 0, one lookup per
-/// rank, a broadcast and an allgather of host names.
+/// file system may take a moment). `hosts`: every rank's host name, in rank order (as the
+/// topology gathered them), for the error. Cost: one file written and removed by rank 0, one
+/// lookup per rank, a broadcast and an allgather of one byte per rank.
 template <comm::communicator C>
-std::optional<std::string> check_shared_storage(C& comm, std::filesystem::path const& run_path, std::string const& host,
-                                                int wait_ms = 2000) {
+std::optional<std::string> check_shared_storage(C& comm, std::filesystem::path const& run_path,
+                                                std::vector<std::string> const& hosts, int wait_ms = 2000) {
   std::string token;  // rank 0: the file's name and content, or "!" and why it could not write it
   if (comm.rank() == 0) {
     std::ostringstream t;
@@ -67,7 +68,6 @@ std::optional<std::string> check_shared_storage(C& comm, std::filesystem::path c
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   auto const flags = comm::allgather_strings(comm, sees ? "1" : "0");
-  auto const hosts = comm::allgather_strings(comm, host);
   if (comm.rank() == 0) {
     std::error_code ec;
     std::filesystem::remove(file, ec);
