@@ -448,6 +448,11 @@ TEST_CASE("a safetensors file whose header claims more than the file holds is an
     std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
   };
   auto header = [](nlohmann::json const& entry) { return nlohmann::json{{"w", entry}}.dump(); };
+  // A file of one tensor 'w' described by `entry`, with its true header length and an 8-byte body.
+  auto write_entry = [&](nlohmann::json const& entry) {
+    auto const h = header(entry);
+    write(h.size(), h, 8);
+  };
   std::string expect;
   SECTION("a header length past the end (and one that would wrap around)") {
     auto const h = header({{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}});
@@ -455,38 +460,31 @@ TEST_CASE("a safetensors file whose header claims more than the file holds is an
     expect = "header length 18446744073709551615 past the end of the file";
   }
   SECTION("a terabyte shape in a small file") {
-    auto const h = header({{"dtype", "F32"}, {"shape", {std::uint64_t{1} << 20, std::uint64_t{1} << 20, 64}}, {"data_offsets", {0, 8}}});
-    write(h.size(), h, 8);
+    write_entry({{"dtype", "F32"}, {"shape", {std::uint64_t{1} << 20, std::uint64_t{1} << 20, 64}}, {"data_offsets", {0, 8}}});
     expect = "tensor 'w': shape [1048576,1048576,64] is larger than the file";
   }
   SECTION("a shape that does not match its bytes") {
-    auto const h = header({{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 8}}});
-    write(h.size(), h, 8);
+    write_entry({{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 8}}});
     expect = "tensor 'w': shape [1] of F32 needs 4 bytes, data_offsets give 8";
   }
   SECTION("offsets past the end") {
-    auto const h = header({{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 4096}}});
-    write(h.size(), h, 8);
+    write_entry({{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 4096}}});
     expect = "tensor 'w': data_offsets [0, 4096] lie past the end of the file";
   }
   SECTION("offsets that are not numbers") {
-    auto const h = header({{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", "0-8"}});
-    write(h.size(), h, 8);
+    write_entry({{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", "0-8"}});
     expect = "tensor 'w': field 'data_offsets' is not two byte offsets";
   }
   SECTION("a negative dimension") {
-    auto const h = header({{"dtype", "F32"}, {"shape", {-2}}, {"data_offsets", {0, 8}}});
-    write(h.size(), h, 8);
+    write_entry({{"dtype", "F32"}, {"shape", {-2}}, {"data_offsets", {0, 8}}});
     expect = "tensor 'w': field 'shape' holds -2, not a dimension";
   }
   SECTION("a zero dimension beside one that does not fit in a tensor's int64 sizes") {
-    auto const h = header({{"dtype", "F32"}, {"shape", {std::uint64_t{0}, ~std::uint64_t{0}}}, {"data_offsets", {0, 0}}});
-    write(h.size(), h, 8);
+    write_entry({{"dtype", "F32"}, {"shape", {std::uint64_t{0}, ~std::uint64_t{0}}}, {"data_offsets", {0, 0}}});
     expect = "tensor 'w': shape [0,18446744073709551615] has dimensions whose product exceeds 2^63";
   }
   SECTION("an unknown dtype") {
-    auto const h = header({{"dtype", "F128"}, {"shape", {2}}, {"data_offsets", {0, 8}}});
-    write(h.size(), h, 8);
+    write_entry({{"dtype", "F128"}, {"shape", {2}}, {"data_offsets", {0, 8}}});
     expect = "unsupported dtype F128";
   }
   CHECK_THROWS_WITH(cohort::safetensors::load(file), contains_text(expect));

@@ -19,6 +19,14 @@ std::function<std::vector<std::size_t>(std::size_t, std::int64_t)> one_of(int wo
   return [=](std::size_t n, std::int64_t e) { return cohort::sharding::shuffled{.seed = seed}.indices(n, world, rank, e); };
 }
 
+/// An elastic shard (it can deal an epoch again at another world size) of shuffled{.seed = seed}.
+cohort::sharding::rank_shard shuffled_shard(int world, int rank, std::uint64_t seed) {
+  return cohort::sharding::rank_shard{[seed](std::size_t n, int w, int r, std::int64_t e) {
+                                        return cohort::sharding::shuffled{.seed = seed}.indices(n, w, r, e);
+                                      },
+                                      world, rank};
+}
+
 std::vector<std::int64_t> ids_of(cohort::batch const& b) {
   auto t = b.targets.contiguous();
   return {t.data_ptr<std::int64_t>(), t.data_ptr<std::int64_t>() + t.numel()};
@@ -113,12 +121,8 @@ TEST_CASE("a restored loader position continues with exactly the uninterrupted s
 
 TEST_CASE("a loader resumed at another world size goes on from exactly the samples seen", "[torch][data]") {
   // 4 ranks train epoch 0 and 2 batches of epoch 1; the job is relaunched with 3 ranks.
-  auto shard = [](int world, int rank) {
-    return cohort::sharding::rank_shard{[](std::size_t n, int w, int r, std::int64_t e) { return cohort::sharding::shuffled{.seed = 5}.indices(n, w, r, e); },
-                                        world, rank};
-  };
   auto make = [&](int world, int rank) {
-    return cohort::data_loader<cohort::tensor_dataset>(numbered(60), shard(world, rank), {.batch_size = 3}, {}, 5);
+    return cohort::data_loader<cohort::tensor_dataset>(numbered(60), shuffled_shard(world, rank, 5), {.batch_size = 3}, {}, 5);
   };
   std::multiset<std::int64_t> epoch1;
   nlohmann::json saved;
@@ -164,10 +168,7 @@ TEST_CASE("a loader resumed at another world size goes on from exactly the sampl
 
 TEST_CASE("an epoch resumed at another world size trains what the uninterrupted epoch would, partial batches dropped", "[torch][data]") {
   // 20 samples, 2 ranks of batch 4: 10 per rank, 2 full batches each, 2 samples per rank dropped.
-  auto shard = [](int world, int rank) {
-    return cohort::sharding::rank_shard{[](std::size_t n, int w, int r, std::int64_t e) { return cohort::sharding::shuffled{.seed = 2}.indices(n, w, r, e); },
-                                        world, rank};
-  };
+  auto shard = [](int world, int rank) { return shuffled_shard(world, rank, 2); };
   std::multiset<std::int64_t> uninterrupted, resumed;
   nlohmann::json saved;
   for (int r = 0; r < 2; ++r) {
