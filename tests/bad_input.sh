@@ -109,7 +109,7 @@ case $what in
     every_rank "$dir/data/t10k-labels-idx1-ubyte.gz at byte 0: short read of the 4-byte magic number: the file is truncated or empty" ;;
   idx_directory) fm train-images-idx3-ubyte.gz "mkdir train-images-idx3-ubyte.gz"
     every_rank "$dir/data/train-images-idx3-ubyte.gz: a directory, not an IDX file: check the path" ;;
-  idx_corrupt_gzip) fm train-images-idx3-ubyte.gz "(printf '\\x1f\\x8b\\x08\\x00'; head -c 4000 /dev/zero | tr '\\\\0' x) >train-images-idx3-ubyte.gz"
+  idx_corrupt_gzip) fm train-images-idx3-ubyte.gz "(printf '\\x1f\\x8b\\x08\\x00\\x00\\x00\\x00\\x00\\x00\\x03'; yes x | head -c 4000) >train-images-idx3-ubyte.gz"
     every_rank "$dir/data/train-images-idx3-ubyte.gz at byte 0: corrupt compressed data \(zlib: .*\): the file is damaged" ;;
   idx_count_mismatch) fm train-labels-idx1-ubyte.gz "ln -s $fmnist/t10k-labels-idx1-ubyte.gz train-labels-idx1-ubyte.gz"
     every_rank "Fashion-MNIST files in $dir/data do not match \(train\)" ;;
@@ -158,15 +158,18 @@ full_disk() {  # the run directory on a 1 MiB tmpfs, filled but for what dd coul
 
 # What is outside the run directory (names, types, sizes, times, contents), and the checkpoint
 # files in it, before and after.
+# The case's folder and the shared golden copy are both watched; the run's working directory is
+# the case's folder, so a file written relative to it is seen too.
 outside() {
   (cd "$dir" && find . -path ./runs/run -prune -o -path ./runs/filler -prune -o -print0 | sort -z |
      xargs -0 stat -c '%n %F %s %y' && find . -path ./runs/run -prune -o -path ./runs/filler -prune -o -type f -print0 |
      sort -z | xargs -0 -r sha256sum)
+  (cd "$golden" && find . -print0 | sort -z | xargs -0 stat -c 'golden/%n %F %s %y')
 }
 # (A damaged checkpoint newer than the one resumed from is moved aside to <name>.corrupt: kept.)
 checkpoint_files() {
-  (cd "$run" 2>/dev/null && find . -path './checkpoint_*/*' -type f -print0 | xargs -0 -r sha256sum |
-     sed -E 's|\./(checkpoint_[0-9]+)\.corrupt/|./\1/|' | LC_ALL=C sort)
+  (cd "$run" 2>/dev/null && find . -path '*/checkpoint_*/*' -type f -print0 | xargs -0 -r sha256sum |
+     sed -E 's|/(checkpoint_[0-9]+)\.corrupt/|/\1/|' | LC_ALL=C sort)
 }
 
 if [ -n "$data_file" ]; then
@@ -177,15 +180,16 @@ fi
 outside_before=$(outside)
 checkpoints_before=$(checkpoint_files)
 
-out=$(mpi $ranks "$program" "${args[@]}" 2>&1 </dev/null)
+out=$(cd "$dir" && mpi $ranks "$program" "${args[@]}" 2>&1 </dev/null)
 rc=$?
 printf '%s\n' "$out" >"$log"
 printf '%s\n' "$out" | grep -E "error|warning|resumed|trained" | head -12
 [ $rc -eq 124 ] && fail "timed out: a hang"
 case $expect in
   ok) [ $rc -eq 0 ] || fail "exit $rc, expected 0 (the documented fallback)" ;;
-  fail) [ $rc -ne 0 ] || fail "exit 0, expected a failure" ;;
+  fail) [ $rc -eq 1 ] || fail "exit $rc, expected 1 (an error, not a crash)" ;;
 esac
+grep -qE "terminate called|exited on signal|Segmentation fault|Aborted|AddressSanitizer" <<<"$out" && fail "a crash, not an error"
 for p in "${patterns[@]}"; do grep -qE -- "$p" <<<"$out" || fail "the output does not match: $p"; done
 if [ $expect = fail ]; then
   n=$(grep -cE "rank [0-9]+: error: " <<<"$out")
@@ -198,9 +202,9 @@ checkpoints_after=$(checkpoint_files)
 lost=$(LC_ALL=C comm -23 <(echo "$checkpoints_before") <(echo "$checkpoints_after"))
 [ -z "$lost" ] || fail "committed checkpoint files lost or changed: $lost"
 [ $moved_aside = 0 ] || [ -d "$ck.corrupt" ] || fail "the damaged checkpoint was not moved aside to $ck.corrupt"
-for c in "$run"/checkpoint_*; do
-  [[ -d $c && ! -L $c && $c != *.corrupt && -f $c/manifest.json ]] || continue
-  grep -qF "${c#$run/}/" <<<"$checkpoints_before" && continue  # damaged on purpose, or checked above
-  mpi 1 "$prog" --verify "$c" >/dev/null 2>&1 || fail "$(basename "$c"), committed by this run, does not verify"
-done
+while IFS= read -r -d '' c; do
+  [[ -f $c/manifest.json ]] || continue
+  grep -qF "./${c#$run/}/" <<<"$checkpoints_before" && continue  # damaged on purpose, or checked above
+  mpi 1 "$prog" --verify "$c" >/dev/null 2>&1 || fail "${c#$run/}, committed by this run, does not verify"
+done < <(find "$run" -type d -name 'checkpoint_[0-9]*' ! -name '*.corrupt' -print0)
 echo "ok: $what (exit $rc)"

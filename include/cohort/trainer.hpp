@@ -91,10 +91,11 @@ T const& get_or(std::tuple<Ps...> const& ps, T const& fallback) {
 
 /// Where `config` fails to convert into `T`, as the start of an error ("field 'lr': "): each
 /// field alone over a default `T`'s JSON, tried in turn; or a config that is not an object where
-/// `T`'s JSON is one. Empty when T has no default or nothing single is found. Words errors only.
+/// `T`'s JSON is one. Empty when T has no default or no to_json, or nothing single is found (a
+/// missing required key, a nested field). Words errors only.
 template <class T>
 std::string config_problem(nlohmann::json const& config) {
-  if constexpr (std::is_default_constructible_v<T>) {
+  if constexpr (std::is_default_constructible_v<T> && requires { nlohmann::json(T{}); }) {
     try {
       auto const base = nlohmann::json(T{});
       if (!base.is_object()) return {};

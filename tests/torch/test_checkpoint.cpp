@@ -489,3 +489,55 @@ TEST_CASE("a safetensors file whose header claims more than the file holds is an
   }
   CHECK_THROWS_WITH(cohort::safetensors::load(file), contains_text(expect));
 }
+
+namespace {
+
+/// The first layer of the small net only: a model whose tensors are a subset of the file's.
+struct first_layerImpl : torch::nn::Module {
+  first_layerImpl() : l1(register_module("l1", torch::nn::Linear(3, 6))) {}
+  torch::nn::Linear l1;
+};
+TORCH_MODULE(first_layer);
+
+}  // namespace
+
+TEST_CASE("load_checkpoint refuses a checkpoint of another model or optimizer, and reads one without recorded kinds", "[torch][checkpoint][bad-input]") {
+  // This process's own folder (no collective: the test runs on each rank alone, once per section).
+  auto const dir = std::filesystem::temp_directory_path() / "cohort_tests" / ("strict_load_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  torch::manual_seed(5);
+  net model;
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  steps(model, opt, 2);  // momentum buffers: state another optimizer kind cannot read
+  cohort::checkpoint_of(model, opt, 7).write(dir, 0);
+  auto const ck = cohort::checkpoint::from_directory(dir);
+  net same;
+  torch::optim::SGD same_opt(same->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  int value = 0;
+  SECTION("a model lacking a tensor of the file") {
+    first_layer part;
+    CHECK_THROWS_WITH(cohort::load_checkpoint(ck, part), contains_text("model.safetensors has tensor 'l2.") && contains_text("', which the model does not"));
+  }
+  SECTION("an optimizer of another kind") {
+    torch::optim::Adam adam(same->parameters());
+    CHECK_THROWS_WITH(cohort::load_checkpoint(ck, same, adam, value),
+                      contains_text("optimizer.pt holds the state of a SGD optimizer, not of this Adam"));
+  }
+  SECTION("a checkpoint written before the kinds were recorded: loads, and another kind is still an error") {
+    std::ofstream(dir / "state.json", std::ios::trunc) << nlohmann::json{{"values", {7}}}.dump();
+    CHECK_NOTHROW(cohort::load_checkpoint(ck, same, same_opt, value));
+    CHECK(value == 7);
+    torch::optim::Adam adam(same->parameters());
+    CHECK_THROWS_WITH(cohort::load_checkpoint(ck, same, adam), contains_text("does not load into this optimizer (") &&
+                                                                 !contains_text("Exception raised from"));
+  }
+  SECTION("more optimizers than were saved") {
+    torch::optim::SGD second(same->parameters(), torch::optim::SGDOptions(0.1));
+    CHECK_THROWS_WITH(cohort::load_checkpoint(ck, same, same_opt, second), contains_text("has no optimizer_1.pt"));
+  }
+  SECTION("a value of another type") {
+    std::string text;
+    CHECK_THROWS_WITH(cohort::load_checkpoint(ck, same, same_opt, text), contains_text("value 0 of state.json does not convert"));
+  }
+}

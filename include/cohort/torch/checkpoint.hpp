@@ -305,11 +305,13 @@ inline std::vector<char> read_bytes(std::filesystem::path const& p) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+/// "[6, 3]": a tensor shape as errors write it.
 inline std::string shape_text(c10::IntArrayRef sizes) {
   std::string out = "[";
   for (std::size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
   return out + "]";
 }
+/// The first line of `text` (a LibTorch message without its backtrace).
 inline std::string first_line(std::string_view text) { return std::string(text.substr(0, text.find('\n'))); }
 inline std::string numbered(char const* stem, std::size_t i, char const* ext) {
   return std::string(stem) + (i == 0 ? std::string() : "_" + std::to_string(i)) + ext;
@@ -357,6 +359,10 @@ void restore(std::filesystem::path const& dir, std::size_t& module_i, std::size_
                           (*kinds)[optimizer_i].get<std::string>() + " optimizer, not of this " + optimizer_kind(item) +
                           ": build the optimizer the checkpoint was saved with");
     ++optimizer_i;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(file, ec))
+      throw cohort::error("checkpoint " + dir.string() + " has no " + file.filename().string() +
+                          ": it holds fewer optimizers than load_checkpoint was given (pass the items in the order saved)");
     try {
       torch::serialize::InputArchive archive;
       archive.load_from(file.string());
@@ -420,7 +426,10 @@ checkpoint_payload checkpoint_of(Items const&... items) {
 
 /// Loads what checkpoint_of saved into `items` (the same kinds, in the same order) and restores
 /// torch's CPU random generator. Every rank reads the same files. Throws cohort::error naming the
-/// checkpoint when a file or tensor is missing.
+/// checkpoint, the file and the tensor or value when a file or tensor is missing, a tensor's
+/// shape differs from the model's, the file holds a tensor the model lacks, an optimizer is of
+/// another kind than the one saved (state.json records it; older checkpoints are not checked) or
+/// a value does not convert. A tensor of another dtype is converted (as load_state_dict does).
 template <class... Items>
 void load_checkpoint(checkpoint const& ckpt, Items&... items) {
   auto const& dir = ckpt.path();
