@@ -1,7 +1,8 @@
 # cohort_find_torch([HINTS <dir>...])
-# Finds LibTorch for cohort/torch/ and defines the imported target cohort::torch (headers and
-# libraries), so that neither cohort's build nor a find_package(cohort) consumer has to handle a
-# pip wheel's CUDA dependencies by hand.
+# Finds LibTorch for cohort/torch/ and defines two imported targets: cohort::libtorch (LibTorch's
+# headers and libraries) and cohort::torch (cohort::cohort, which must exist, plus cohort::libtorch
+# and COHORT_WITH_TORCH=1: what a program using cohort/torch/ links), so that neither cohort's build
+# nor a find_package(cohort) consumer has to handle a pip wheel's CUDA dependencies by hand.
 #
 # Where it looks, first match wins: Torch_DIR; each CMAKE_PREFIX_PATH entry (variable, then
 # environment), as find_package would; HINTS (folders holding TorchConfig.cmake, or Python venvs
@@ -85,10 +86,10 @@ function(cohort_find_torch)
   cmake_parse_arguments(arg "" "" "HINTS" ${ARGN})
   set(COHORT_TORCH_FOUND OFF PARENT_SCOPE)
   set(COHORT_TORCH_WITH_CUDA OFF PARENT_SCOPE)
-  if(TARGET cohort::torch)  # a second find_package(cohort) in the same project
-    get_target_property(dir cohort::torch COHORT_TORCH_DIR)
-    get_target_property(version cohort::torch COHORT_TORCH_VERSION)
-    get_target_property(cuda cohort::torch COHORT_TORCH_WITH_CUDA)
+  if(TARGET cohort::libtorch)  # a second find_package(cohort) in the same project
+    get_target_property(dir cohort::libtorch COHORT_TORCH_DIR)
+    get_target_property(version cohort::libtorch COHORT_TORCH_VERSION)
+    get_target_property(cuda cohort::libtorch COHORT_TORCH_WITH_CUDA)
     set(COHORT_TORCH_FOUND ON PARENT_SCOPE)
     set(COHORT_TORCH_DIR "${dir}" PARENT_SCOPE)
     set(COHORT_TORCH_VERSION "${version}" PARENT_SCOPE)
@@ -120,8 +121,8 @@ function(cohort_find_torch)
     endif()
   endif()
 
-  add_library(cohort::torch INTERFACE IMPORTED)
-  set_target_properties(cohort::torch PROPERTIES COHORT_TORCH_DIR "${dir}" COHORT_TORCH_VERSION "${version}"
+  add_library(cohort::libtorch INTERFACE IMPORTED)
+  set_target_properties(cohort::libtorch PROPERTIES COHORT_TORCH_DIR "${dir}" COHORT_TORCH_VERSION "${version}"
                                                  COHORT_TORCH_WITH_CUDA ${with_cuda})
   if(NOT EXISTS "${lib}/libtorch_cuda.so" OR with_cuda)
     # TorchConfig.cmake looks for Caffe2Config.cmake in the default paths before its own folder,
@@ -131,9 +132,9 @@ function(cohort_find_torch)
       get_filename_component(Caffe2_DIR "${dir}/../Caffe2" ABSOLUTE)
     endif()
     find_package(Torch CONFIG REQUIRED PATHS "${dir}" NO_DEFAULT_PATH)
-    target_link_libraries(cohort::torch INTERFACE torch)
+    target_link_libraries(cohort::libtorch INTERFACE torch)
     foreach(d IN LISTS wheel_cuda_dirs)
-      target_link_options(cohort::torch INTERFACE "LINKER:-rpath-link,${d}")
+      target_link_options(cohort::libtorch INTERFACE "LINKER:-rpath-link,${d}")
     endforeach()
   else()
     foreach(l torch_cpu c10)
@@ -142,14 +143,17 @@ function(cohort_find_torch)
       endif()
     endforeach()
     # Headers as TorchConfig.cmake gives them; the ABI flag where an older TorchConfig sets one.
-    target_include_directories(cohort::torch SYSTEM INTERFACE "${prefix}/include" "${prefix}/include/torch/csrc/api/include")
-    target_link_libraries(cohort::torch INTERFACE "${lib}/libtorch_cpu.so" "${lib}/libc10.so")
-    target_compile_features(cohort::torch INTERFACE cxx_std_17)
+    target_include_directories(cohort::libtorch SYSTEM INTERFACE "${prefix}/include" "${prefix}/include/torch/csrc/api/include")
+    target_link_libraries(cohort::libtorch INTERFACE "${lib}/libtorch_cpu.so" "${lib}/libc10.so")
+    target_compile_features(cohort::libtorch INTERFACE cxx_std_17)
     file(STRINGS "${dir}/TorchConfig.cmake" abi REGEX "_GLIBCXX_USE_CXX11_ABI=[01]")
     if(abi MATCHES "_GLIBCXX_USE_CXX11_ABI=([01])")
-      target_compile_definitions(cohort::torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${CMAKE_MATCH_1})
+      target_compile_definitions(cohort::libtorch INTERFACE _GLIBCXX_USE_CXX11_ABI=${CMAKE_MATCH_1})
     endif()
   endif()
+  add_library(cohort::torch INTERFACE IMPORTED)
+  target_link_libraries(cohort::torch INTERFACE cohort::cohort cohort::libtorch)
+  target_compile_definitions(cohort::torch INTERFACE COHORT_WITH_TORCH=1)
   set(COHORT_TORCH_FOUND ON PARENT_SCOPE)
   set(COHORT_TORCH_DIR "${dir}" PARENT_SCOPE)
   set(COHORT_TORCH_VERSION "${version}" PARENT_SCOPE)

@@ -1,22 +1,43 @@
 #!/usr/bin/env bash
-# Installs cohort from the build tree into a scratch prefix, builds tests/package against it with
-# find_package(cohort), and runs it. With an expected LibTorch version, the consumer must have
-# found a LibTorch and trained on that version; further arguments go to the consumer's cmake
-# (e.g. -DTorch_DIR=... to name another LibTorch).
-#   check.sh <build dir> <work dir> [<expected LibTorch version> [<cmake argument>...]]
+# Builds tests/package (a user's project) with find_package(cohort), from an install prefix (cohort
+# installed from the build tree into a scratch prefix) or from the build tree itself
+# (-Dcohort_DIR=<build dir>), and checks what it got:
+#   <LibTorch version>  consumer runs, and consumer_torch trained on that LibTorch
+#   core                consumer runs, and no LibTorch was taken (consumer_torch not built)
+#   nccl                consumer runs, and consumer_nccl was built against NCCL and runs
+#   fail:<text>         the consumer's configure fails, saying <text>
+# Further arguments go to the consumer's cmake (e.g. -DTorch_DIR=..., -DCOHORT_CONSUMER_COMPONENTS=nccl).
+#   check.sh <build dir> <work dir> prefix|build <expect> [<cmake argument>...]
 set -euo pipefail
-build=$1 src=$(cd "$(dirname "$0")" && pwd) work=$2 expected=${3:-}
-shift $(( $# < 3 ? $# : 3 ))
+build=$1 work=$2 from=$3 expect=$4 src=$(cd "$(dirname "$0")" && pwd)
+shift 4
 rm -rf "$work" && mkdir -p "$work"
-cmake --install "$build" --prefix "$work/prefix" >/dev/null
-cmake -S "$src" -B "$work/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" "$@" >/dev/null
+case "$from" in
+  prefix) cmake --install "$build" --prefix "$work/prefix" >/dev/null
+          where=(-DCMAKE_PREFIX_PATH="$work/prefix") ;;
+  build) where=(-Dcohort_DIR="$build") ;;
+  *) echo "error: '$from': say prefix or build" >&2; exit 2 ;;
+esac
+if ! cmake -S "$src" -B "$work/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release "${where[@]}" "$@" >"$work/configure.log" 2>&1; then
+  if [[ "$expect" == fail:* ]] && grep -qF -- "${expect#fail:}" "$work/configure.log"; then
+    echo "ok: find_package(cohort) from the $from failed as expected: ${expect#fail:}"
+    exit 0
+  fi
+  cat "$work/configure.log"; echo "error: the consumer's configure failed"; exit 1
+fi
+if [[ "$expect" == fail:* ]]; then
+  cat "$work/configure.log"; echo "error: the consumer's configure succeeded; expected it to fail with: ${expect#fail:}"; exit 1
+fi
 cmake --build "$work/consumer"
 "$work/consumer/consumer" "$work/runs"
 test -s "$work/runs/consumer/result.json"
-echo "find_package(cohort) works from an install prefix"
-if [ -n "$expected" ]; then
-  [ -x "$work/consumer/consumer_torch" ] || { echo "error: the consumer found no LibTorch (expected $expected)"; exit 1; }
-  out=$("$work/consumer/consumer_torch" "$work/runs")
-  echo "$out"
-  [ "$out" = "consumer_torch trained on LibTorch $expected" ] || { echo "error: expected LibTorch $expected"; exit 1; }
-fi
+case "$expect" in
+  core) [ ! -e "$work/consumer/consumer_torch" ] || { echo "error: the consumer took a LibTorch; expected the core alone"; exit 1; } ;;
+  nccl) [ -x "$work/consumer/consumer_nccl" ] || { echo "error: cohort::nccl was not made"; exit 1; }
+        "$work/consumer/consumer_nccl" ;;
+  *) [ -x "$work/consumer/consumer_torch" ] || { echo "error: the consumer found no LibTorch (expected $expect)"; exit 1; }
+     out=$("$work/consumer/consumer_torch" "$work/runs")
+     echo "$out"
+     [ "$out" = "consumer_torch trained on LibTorch $expect" ] || { echo "error: expected LibTorch $expect"; exit 1; } ;;
+esac
+echo "ok: find_package(cohort) works from the $from ($expect)"
