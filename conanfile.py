@@ -85,6 +85,7 @@ class CohortConan(ConanFile):
         CMake(self).install()
 
     def package_info(self):
+        # Nothing to link or load (bin/cohort-run, a script, is in the package folder).
         self.cpp_info.bindirs = []
         self.cpp_info.libdirs = []
         # The names cohort's own config defines (cohort::torch and cohort::nccl are its components).
