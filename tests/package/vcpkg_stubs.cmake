@@ -271,7 +271,7 @@ endfunction()
 
 include("${PORTFILE}")
 
-# vcpkg's post-build checks that a header-only port can fail.
+# vcpkg's post-build checks that a header-only port can fail, and its layout (tools in tools/<port>).
 set(pkg "${CURRENT_PACKAGES_DIR}")
 set(problems "")
 if(NOT EXISTS "${pkg}/share/${PORT}/copyright")
@@ -291,7 +291,7 @@ foreach(dir lib/cmake debug/lib/cmake cmake debug/cmake)
 endforeach()
 file(GLOB bin_files "${pkg}/bin/*" "${pkg}/debug/bin/*")
 if(bin_files AND VCPKG_LIBRARY_LINKAGE STREQUAL "static")
-  list(APPEND problems "bin/ holds files in a static build: ${bin_files}")
+  list(APPEND problems "bin/ holds files in a static build (tools go to tools/${PORT}): ${bin_files}")
 endif()
 set(build_paths "")
 foreach(dir IN ITEMS "${CURRENT_PACKAGES_DIR}" "${CURRENT_BUILDTREES_DIR}" "${CURRENT_INSTALLED_DIR}")
