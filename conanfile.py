@@ -78,7 +78,7 @@ class CohortConan(ConanFile):
     def build(self):
         cmake = CMake(self)
         cmake.configure(variables={"COHORT_BUILD_TESTS": "OFF", "COHORT_BUILD_EXAMPLES": "OFF",
-                                   "COHORT_BUILD_BENCH": "OFF"})
+                                   "COHORT_BUILD_BENCH": "OFF", "COHORT_RECORD_TORCH_DIR": "OFF"})
 
     def package(self):
         copy(self, "LICENSE", self.source_folder, os.path.join(self.package_folder, "licenses"))

@@ -11,6 +11,7 @@ vcpkg_cmake_configure(
         -DCOHORT_BUILD_EXAMPLES=OFF
         -DCOHORT_BUILD_BENCH=OFF
         -DCOHORT_INSTALL_CMAKEDIR=share/cohort
+        -DCOHORT_RECORD_TORCH_DIR=OFF
 )
 vcpkg_cmake_install()
 vcpkg_cmake_config_fixup(PACKAGE_NAME cohort CONFIG_PATH share/cohort)

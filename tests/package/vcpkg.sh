@@ -42,6 +42,10 @@ packages=$work/packages/cohort_x64-linux
 for f in share/cohort/cohort-config.cmake share/cohort/copyright share/cohort/usage include/cohort/cohort.hpp tools/cohort/cohort-run; do
   [ -e "$packages/$f" ] || { echo "error: the port installed no $f"; exit 1; }
 done
+# A package names no folder of the machine that built it (vcpkg checks its own build folders only).
+if leak=$(grep -rlF -e "$src" -e "$work/buildtrees" "$packages"); then
+  echo "$leak"; echo "error: the installed files above name the builder's folders ($src)"; exit 1
+fi
 echo "portfile.cmake installed cohort to $packages ($(find "$packages" -type f | wc -l) files)"
 
 # (c) The consumer: add_executable, then the usage text's first block of indented lines.
