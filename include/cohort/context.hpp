@@ -37,6 +37,7 @@
 #include "cohort/error.hpp"
 #include "cohort/report/console.hpp"
 #include "cohort/report/run_directory.hpp"
+#include "cohort/report/tensorboard.hpp"
 #include "cohort/scaling/device.hpp"
 #include "cohort/scaling/topology.hpp"
 #include "cohort/sharding/datasets.hpp"
@@ -79,6 +80,12 @@ using report_listener = std::function<nlohmann::json(nlohmann::json const& row)>
 struct report_state {
   std::optional<report::run_directory> dir;  ///< only on rank 0
   std::string name;
+  /// Rank 0 with run_config::tensorboard: the run's events file, written on `worker` (declared
+  /// before it, so no job outlives it).
+  std::optional<report::event_writer> events;
+  /// Rank 0: encoded events not handed to `worker` yet (only without a console: see record()).
+  std::string events_pending;
+  std::chrono::steady_clock::time_point events_handed_over = std::chrono::steady_clock::now();
   /// The rank's one background thread for reports: progress lines and async checkpoint writes,
   /// in order (one wake-up per report). The writer thread makes no MPI call.
   detail::background_worker worker{"cohort-writer"};
@@ -134,17 +141,52 @@ struct report_state {
     return metrics;
   }
 
-  /// Counts the report; rank 0 appends it to the run directory and prints its progress line, or,
-  /// given `line`, leaves the line there for the caller's job on `worker` to print.
-  void record(nlohmann::json row, std::string* line = nullptr) {
+  /// What a report leaves for `worker` to write: its progress line and TensorBoard events.
+  struct report_output {
+    std::string line;    ///< empty: none (no console)
+    std::string events;  ///< this report's event, and earlier ones not handed over yet (unsealed TFRecords)
+    bool empty() const { return line.empty() && events.empty(); }
+  };
+
+  /// Without a console, events are handed to `worker` once this long has passed since the last
+  /// hand-over, or once this many bytes wait: a report that wakes no thread for its line does not
+  /// wake one for its event either, and reports a second or more apart are still handed over at
+  /// once. (Chosen, not tuned: a batch is a few hundred events.)
+  static constexpr auto events_hand_over_interval = std::chrono::seconds(1);
+  static constexpr std::size_t events_hand_over_bytes = 64 * 1024;
+
+  /// Counts the report; rank 0 appends it to the run directory and hands its progress line and
+  /// TensorBoard event to `worker` (one job: one wake-up), or, given `deferred`, leaves them there
+  /// for the caller's job on `worker` (write_output). The event is encoded here (less than
+  /// copying the row for `worker` would cost: docs/benchmarks.md) and sealed and written on
+  /// `worker`. Without a console, events wait in events_pending (events_hand_over_interval); the
+  /// last ones are written when fit() ends (~report_state).
+  void record(nlohmann::json row, report_output* deferred = nullptr) {
     ++count;
     ++reports_this_attempt;
     if (!dir) return;
     dir->append(row);
-    if (console && line) *line = report::progress_line(name, row);
-    else if (console) console->print(report::progress_line(name, row));
+    report_output out;
+    if (console) out.line = report::progress_line(name, row);
+    if (events) {
+      report::append_unsealed_event(events_pending, report::wall_time_now_s(), row);
+      if (console || deferred || last - events_handed_over >= events_hand_over_interval ||
+          events_pending.size() >= events_hand_over_bytes) {
+        out.events = std::exchange(events_pending, std::string{});
+        events_handed_over = last;
+      }
+    }
+    if (deferred) *deferred = std::move(out);
+    else if (!out.empty()) worker.start([this, out = std::move(out)]() mutable { write_output(out); });
     if (listener && !history.empty()) history.back() = std::move(row);  // under a tuner, which keeps the history
     else history.push_back(std::move(row));
+  }
+
+  /// On `worker`: prints a report's line and appends its events. Never throws (the events
+  /// writer warns once and stops on a failure).
+  void write_output(report_output& out) {
+    if (!out.line.empty()) report::console_printer::write_line(out.line);
+    if (!out.events.empty()) events->write(out.events);
   }
 
   /// A report, with a checkpoint when any rank passes `payload`. Collective over every rank:
@@ -218,13 +260,14 @@ struct report_state {
       // the console, handing the write over) then holds up no other rank.
       std::int32_t const signal = agreed_stop_signal();
       pending_checkpoint next{iteration, row, validate};
-      // The progress line is printed by the write's job, so this report wakes one thread. A
-      // failure here (result.json on a full disk) is thrown after the job is handed over: the
-      // checkpoint to commit is committed and the step gate opened, as on every other rank.
-      std::string line;
+      // The progress line and the events are written by the write's job (after the deferred
+      // copies), so this report wakes one thread. A failure here (result.json on a full disk) is
+      // thrown after the job is handed over: the checkpoint to commit is committed and the step
+      // gate opened, as on every other rank.
+      report_output output;
       std::exception_ptr record_error;
       try {
-        record(std::move(row), &line);
+        record(std::move(row), &output);
       } catch (...) {
         record_error = std::current_exception();
       }
@@ -232,14 +275,14 @@ struct report_state {
       to_commit.reset();
       writing = std::move(next);
       writing_payload = payload;
-      worker.start([this, commit_first, iteration, payload, line = std::move(line)] {
+      worker.start([this, commit_first, iteration, payload, output = std::move(output)]() mutable {
         // The deferred copies first: the training thread's next optimizer step waits for them.
         try {
           if (payload.finish_snapshot) payload.finish_snapshot();
         } catch (std::exception const& e) {
           worker_error = std::string("checkpoint ") + checkpointing::dir_name(iteration) + " was not written: " + e.what();
         }
-        if (!line.empty()) report::console_printer::write_line(line);
+        write_output(output);
         try {
           if (commit_first) commit_now(commit_first->iteration, commit_first->row, commit_first->validate);
           if (worker_error.empty()) write_now(iteration, payload);
@@ -294,6 +337,9 @@ struct report_state {
 
   ~report_state() {
     worker.wait();
+    // The events still waiting (no console): written here, after every job, so in order; fit()
+    // is over, and the writer would have to be woken (or started) and waited for anyway.
+    if (events && !events_pending.empty()) events->write(events_pending);
     finish_validation();
     if (reaper.joinable()) reaper.join();
   }

@@ -29,6 +29,12 @@ struct run_config {
   std::string resume_from_checkpoint{};
   /// Write checkpoints before report() returns (sync) or in the background (async).
   cohort::checkpoint_mode checkpoint_mode = cohort::checkpoint_mode::sync;
+  /// Write a TensorBoard events file (`events.out.tfevents.*`) into the run directory: every
+  /// numeric metric of every report (bools as 0/1; strings and nulls left out) as a scalar at its
+  /// training_iteration, tagged with its flattened key ("val/acc"). Rank 0's background thread
+  /// writes it, so report() does not wait for it; each attempt of a run writes a new file. Under
+  /// a tuner every trial directory gets one. `tensorboard --logdir <storage_path>` shows them.
+  bool tensorboard = true;
 };
 
 }  // namespace cohort

@@ -301,6 +301,7 @@ class trainer {
     if (!err && rank == 0) {
       try {
         reports.dir.emplace(run_path, nlohmann::json::parse(config_text));
+        if (run.tensorboard) reports.events.emplace(run_path, reports.dir->fresh());  // no I/O until the first events
         if (run.verbose > 0) reports.console.emplace(reports.worker);  // starts the thread if async did not: agreed on below
         resume_text = find_resume_point(run, run_path, reports).dump();
       } catch (std::exception const& e) {
