@@ -1,0 +1,189 @@
+"""The comparison's PyTorch side (bench/compare/run): the reference Fashion-MNIST CNN of
+examples/fashion_mnist_net.hpp, trained as bench/compare/cohort_cnn.cpp trains it (same layers,
+data files and normalisation, batch per rank, SGD lr 0.05 momentum 0.9, epochs, threads per rank,
+10 warm-up steps left out of the rate), in one of three ways:
+
+  python train_torch.py plain ...               one process, no DDP: the Python baseline
+  torchrun --nproc-per-node N train_torch.py ddp ...   PyTorch DDP over gloo
+  python train_torch.py ray --workers N ...     Ray Train's TorchTrainer (DDP over gloo inside)
+
+Rank 0 prints the same JSON lines as the C++ side:
+  {"event":"first_step","wall_s":...}   wall clock (Unix seconds) when the first step ended
+  {"event":"done","steady_samples_per_s":...,"test_accuracy":...,"ranks":...,"torch":"..."}
+The loop is what a PyTorch user writes: a TensorDataset, a DataLoader with a DistributedSampler
+(shuffled per epoch with set_epoch), DistributedDataParallel.
+"""
+import argparse
+import gzip
+import json
+import os
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class FashionNet(nn.Module):
+    """conv 1->32 3x3 pad 1, batch norm, ReLU, max-pool 2; conv 32->64 the same; linear 3136->128,
+    ReLU; linear 128->10 (examples/fashion_mnist_net.hpp)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(32)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(64)
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    zero, dtype, ndim = struct.unpack(">HBB", data[:4])
+    if zero != 0 or dtype != 0x08:
+        raise SystemExit(f"error: {path}: not an unsigned-byte IDX file")
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def load(data_dir, split, max_n=0):
+    images = read_idx(os.path.join(data_dir, f"{split}-images-idx3-ubyte.gz"))
+    labels = read_idx(os.path.join(data_dir, f"{split}-labels-idx1-ubyte.gz"))
+    if max_n > 0:
+        images, labels = images[:max_n], labels[:max_n]
+    x = torch.from_numpy(images.astype(np.float32)).unsqueeze(1).div_(255.0).sub_(0.2860).div_(0.3530)
+    y = torch.from_numpy(labels.astype(np.int64))
+    return x, y
+
+
+def accuracy(net, x, y):
+    net.eval()
+    correct = 0
+    with torch.no_grad():
+        for b in range(0, x.shape[0], 128):  # the C++ side's evaluation batch
+            correct += (net(x[b:b + 128]).argmax(1) == y[b:b + 128]).sum().item()
+    return correct / x.shape[0]
+
+
+def emit(event):
+    print(json.dumps(event), flush=True)
+
+
+def train_loop(cfg, rank, world, wrap_model, wrap_loader, report=None):
+    """The loop every variant runs; wrap_model/wrap_loader add DDP and the sampler."""
+    torch.set_num_threads(cfg["threads"])
+    torch.manual_seed(0)
+    x, y = load(cfg["data"], "train", cfg["max_train"])
+    dataset = torch.utils.data.TensorDataset(x, y)
+    loader = wrap_loader(dataset, cfg["batch"])
+    net = wrap_model(FashionNet())
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    steps, steady_start, steady_s = 0, 0.0, 0.0
+    for epoch in range(cfg["epochs"]):
+        if hasattr(loader, "sampler") and hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        net.train()
+        for xb, yb in loader:
+            opt.zero_grad()
+            F.cross_entropy(net(xb), yb).backward()
+            opt.step()
+            steps += 1
+            if rank == 0:
+                now = time.perf_counter()
+                if steps == 1:
+                    emit({"event": "first_step", "wall_s": time.time()})
+                if steps == cfg["warmup_steps"]:
+                    steady_start = now
+                if steps > cfg["warmup_steps"]:
+                    steady_s = now - steady_start
+        if report:
+            report({"epoch": epoch})
+    if rank == 0:
+        tx, ty = load(cfg["data"], "t10k")
+        model = net.module if hasattr(net, "module") else net
+        counted = steps - cfg["warmup_steps"]
+        rate = counted * cfg["batch"] * world / steady_s if counted > 0 and steady_s > 0 else 0.0
+        emit({"event": "done", "steady_samples_per_s": round(rate, 3), "test_accuracy": round(accuracy(model, tx, ty), 4),
+              "ranks": world, "steps_per_rank": steps, "torch": torch.__version__})
+
+
+def plain(cfg):
+    def loader(dataset, batch):
+        return torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True)
+    train_loop(cfg, 0, 1, lambda net: net, loader)
+
+
+def ddp(cfg):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def loader(dataset, batch):
+        sampler = torch.utils.data.distributed.DistributedSampler(dataset, shuffle=True, seed=42, drop_last=True)
+        return torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True)
+    train_loop(cfg, rank, world, DistributedDataParallel, loader)
+    dist.destroy_process_group()
+
+
+def ray_worker(cfg):
+    import ray.train
+    import ray.train.torch
+    ctx = ray.train.get_context()
+
+    def loader(dataset, batch):
+        return ray.train.torch.prepare_data_loader(
+            torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True), move_to_device=False)
+    train_loop(cfg, ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.prepare_model, loader,
+               report=ray.train.report)
+
+
+def ray_main(cfg, workers, storage):
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    ray.init(num_cpus=max(workers, os.cpu_count() or 1), log_to_driver=True)
+    trainer = TorchTrainer(ray_worker, train_loop_config=cfg,
+                           scaling_config=ScalingConfig(num_workers=workers, use_gpu=False),
+                           run_config=RunConfig(name="compare", storage_path=storage))
+    trainer.fit()
+    ray.shutdown()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=["plain", "ddp", "ray"])
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-train", type=int, default=0)
+    p.add_argument("--batch", type=int, default=64, help="per rank")
+    p.add_argument("--warmup-steps", type=int, default=10)
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: cores / ranks on the node)")
+    p.add_argument("--workers", type=int, default=1, help="ray: the number of training workers")
+    p.add_argument("--storage", default=os.path.abspath("compare_runs"), help="ray: RunConfig.storage_path")
+    a = p.parse_args()
+    world = {"plain": 1, "ddp": int(os.environ.get("WORLD_SIZE", "1")), "ray": a.workers}[a.mode]
+    threads = a.threads or max(1, (os.cpu_count() or 1) // world)
+    cfg = {"data": a.data, "epochs": a.epochs, "max_train": a.max_train, "batch": a.batch,
+           "warmup_steps": a.warmup_steps, "threads": threads}
+    if a.mode == "plain":
+        plain(cfg)
+    elif a.mode == "ddp":
+        ddp(cfg)
+    else:
+        ray_main(cfg, a.workers, os.path.abspath(a.storage))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
