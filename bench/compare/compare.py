@@ -1,7 +1,7 @@
 """Runs the training comparison of bench/compare/run and writes its tables, JSON and plot.
 
 Systems, each on the same CNN, data, batch per rank, optimizer, epochs and threads per rank:
-  cohort       mpirun -np N compare_cohort_cnn
+  cohort       mpirun --bind-to none -np N compare_cohort_cnn
   ddp          torchrun --standalone --nproc-per-node N train_torch.py ddp
   ray          python train_torch.py ray --workers N   (Ray Train's TorchTrainer)
   cpp_plain    compare_cohort_cnn --plain              (one process, LibTorch alone: cohort's baseline)
@@ -104,7 +104,9 @@ def commands(a, system, ranks, storage):
     train = ["--data", a.data, "--epochs", str(a.epochs), "--max-train", str(a.max_train), "--batch", str(a.batch)]
     py = [a.python, os.path.join(a.here, "train_torch.py")]
     if system == "cohort":
-        return [a.mpirun, "--oversubscribe", "-np", str(ranks), a.cohort_bin, *train, "--storage", storage]
+        # No binding, as torchrun and Ray place their processes: Open MPI binds each rank to a core
+        # by default (at 1 rank, one core of two), and threads per rank must match.
+        return [a.mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(ranks), a.cohort_bin, *train, "--storage", storage]
     if system == "cpp_plain":
         return [a.cohort_bin, "--plain", *train]
     if system == "python_plain":
