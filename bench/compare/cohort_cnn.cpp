@@ -4,7 +4,8 @@
 // (./compare_cohort_cnn --plain), the C++ baseline. Rank 0 prints JSON lines on stdout:
 //   {"event":"first_step","wall_s":...}   wall clock (Unix seconds) when the first step ended
 //   {"event":"done","steady_samples_per_s":...,"test_accuracy":...,"ranks":...,"libtorch":"..."}
-// Flags: --data DIR --epochs N --max-train N --batch N (per rank) --warmup-steps N --storage DIR --plain
+// Flags: --data DIR --epochs N --max-train N --batch N (per rank) --warmup-steps N --prefetch N (batches the
+// loader prepares ahead on its thread; 0: none, on the training thread) --storage DIR --plain
 #include <cohort/cohort.hpp>
 #include <torch/version.h>
 
@@ -23,6 +24,7 @@ struct settings {
   std::int64_t max_train = 0;
   int batch = 64;
   int warmup_steps = 10;  // steps left out of the steady rate (first-touch allocations, thread pools)
+  std::size_t prefetch = 4;  // as examples/fashion_mnist.cpp
   std::string storage = "compare_runs";
   bool plain = false;
 };
@@ -99,8 +101,9 @@ int main(int argc, char** argv) {
     else if (flag == "--batch") s.batch = std::stoi(value);
     else if (flag == "--warmup-steps") s.warmup_steps = std::stoi(value);
     else if (flag == "--storage") s.storage = value;
+    else if (flag == "--prefetch") s.prefetch = std::stoul(value);
     else {
-      std::cerr << "error: unknown flag " << flag << ": use --data, --epochs, --max-train, --batch, --warmup-steps, --storage or --plain\n";
+      std::cerr << "error: unknown flag " << flag << ": use --data, --epochs, --max-train, --batch, --warmup-steps, --prefetch, --storage or --plain\n";
       return 2;
     }
   }
@@ -115,7 +118,7 @@ int main(int argc, char** argv) {
     torch::manual_seed(0);
     auto model = ctx.prepare_model(fashion_net());
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    auto& loader = ctx.dataset_shard("train", {.batch_size = s.batch, .prefetch_batches = 4});
+    auto& loader = ctx.dataset_shard("train", {.batch_size = s.batch, .prefetch_batches = s.prefetch});
     step_clock clock{.warmup = s.warmup_steps};
     while (loader.state().epoch < s.epochs) {
       model->train();
