@@ -28,6 +28,12 @@ import psutil
 EVENT = re.compile(r'(\{"event": ?"[a-z_]+".*\})')
 
 
+def is_ray_process(cmdline):
+    """A process Ray started: its GCS, raylet, workers (ray::...) or a script from its package."""
+    cmd = " ".join(cmdline or [])
+    return "ray" in cmd and ("raylet" in cmd or "gcs_server" in cmd or "ray::" in cmd or "/ray/" in cmd)
+
+
 def rss_sampler(root_pid, known, stop, peak):
     """Peak of the summed RSS of root_pid's descendants and of any new Ray process."""
     while not stop.is_set():
@@ -43,8 +49,7 @@ def rss_sampler(root_pid, known, stop, peak):
         for p in psutil.process_iter(["pid", "cmdline"]):
             if p.pid in known or p.pid in pids:
                 continue
-            cmd = " ".join(p.info["cmdline"] or [])
-            if "ray" in cmd and ("raylet" in cmd or "gcs_server" in cmd or "ray::" in cmd or "/ray/" in cmd):
+            if is_ray_process(p.info["cmdline"]):
                 procs.append(p)
                 pids.add(p.pid)
         for p in procs:
@@ -58,7 +63,7 @@ def rss_sampler(root_pid, known, stop, peak):
 
 def leftover_ray(known):
     return [p for p in psutil.process_iter(["pid", "cmdline"])
-            if p.pid not in known and "ray" in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()]
+            if p.pid not in known and p.pid != os.getpid() and is_ray_process(p.info["cmdline"])]
 
 
 def run_once(cmd, env, cwd, timeout_s):
