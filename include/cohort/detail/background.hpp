@@ -38,7 +38,7 @@ inline void yield_on_wakeup() {
 /// progress lines and its async checkpoint writes (one in flight), on one thread so that a report
 /// wakes one thread. Waking a second batch thread while the first still waits for the core makes
 /// Linux (EEVDF) preempt the waking thread once its slice is spent: the training thread lost its
-/// core inside report() for 0.4-4 ms (docs/benchmarks.md, tenth round).
+/// core inside report() for 0.4-4 ms (docs/benchmarks.md, "Async checkpoint stall").
 /// SIGTERM/SIGINT are blocked on it, so they reach the training thread's handler instead.
 class background_worker {
  public:
