@@ -14,7 +14,6 @@
 #include <limits>
 #include <span>
 #include <cstdio>
-#include <ctime>
 #include <cxxabi.h>
 #include <exception>
 #include <functional>
@@ -41,6 +40,7 @@
 #include "cohort/detail/shared_storage.hpp"
 #include "cohort/detail/callable.hpp"
 #include "cohort/detail/lockstep.hpp"
+#include "cohort/detail/utc_stamp.hpp"
 #include "cohort/environment.hpp"
 #include "cohort/result.hpp"
 #include "cohort/run_config.hpp"
@@ -159,15 +159,6 @@ struct position_guard {
   ~position_guard() { comm::detail::position().set({}); }
 };
 
-inline std::string utc_stamp() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d_%H-%M-%S", &tm);
-  return buf;
-}
-
 inline std::string host_name() {
   char name[MPI_MAX_PROCESSOR_NAME];
   int len = 0;
@@ -281,28 +272,27 @@ class trainer {
     err = comm::agree_on_error(control, err);
     std::filesystem::path run_path = std::filesystem::path(run.storage_path) / name;
     detail::lockstep steps(std::move(check));
-    detail::report_state reports;
-    reports.steps = &steps;
-    reports.name = name;
-    reports.rank = rank;
-    reports.run_path = run_path;
-    reports.control = &control;
-    reports.mode = run.checkpoint_mode;
-    reports.listener = std::move(listener);
-    reports.retain = [policy = checkpointing()](std::span<cohort::checkpointing::record const> all) { return policy.retain(all); };
+    detail::reporter reports(control, steps,
+                             {.rank = rank,
+                              .run_path = run_path,
+                              .mode = run.checkpoint_mode,
+                              .listener = std::move(listener),
+                              .retain = [policy = checkpointing()](std::span<cohort::checkpointing::record const> all) {
+                                return policy.retain(all);
+                              }});
     std::string resume_text;  // rank 0: {"path", "iteration"} of the checkpoint to resume from
-    if (!err && reports.mode == checkpoint_mode::async) {
+    if (!err && run.checkpoint_mode == checkpoint_mode::async) {
       try {
-        reports.worker.warm_up();  // a thread: its failure is agreed on below
+        reports.worker().warm_up();  // a thread: its failure is agreed on below
       } catch (std::exception const& e) {
         err = e.what();
       }
     }
     if (!err && rank == 0) {
       try {
-        reports.dir.emplace(run_path, nlohmann::json::parse(config_text));
-        if (run.tensorboard) reports.events.emplace(run_path, reports.dir->fresh());  // no I/O until the first events
-        if (run.verbose > 0) reports.console.emplace(reports.worker);  // starts the thread if async did not: agreed on below
+        // The console starts the worker's thread if async did not: agreed on below.
+        reports.rows().open(run_path, nlohmann::json::parse(config_text), name,
+                            {.console = run.verbose > 0, .tensorboard = run.tensorboard, .last_row_only = reports.under_tuner()});
         resume_text = find_resume_point(run, run_path, reports).dump();
       } catch (std::exception const& e) {
         err = e.what();
@@ -312,12 +302,9 @@ class trainer {
     out.path = run_path;
     if (err) return fail(std::move(out), *err, rank);
     auto resume = nlohmann::json::parse(comm::broadcast_string(control, resume_text));
-    reports.staging_prefix = comm::broadcast_string(control, std::to_string(::getpid()) + "_" + detail::utc_stamp() + "_");
-    reports.count = resume.value("iteration", std::int64_t{0});
-    steps.resume_at(reports.count);
-    if (rank == 0)
-      for (auto const& row : reports.dir->previous_rows())
-        if (row.value("training_iteration", std::int64_t{0}) <= reports.count) reports.history.push_back(row);
+    reports.set_attempt_prefix(comm::broadcast_string(control, std::to_string(::getpid()) + "_" + detail::utc_stamp() + "_"));
+    reports.rows().resume_at(resume.value("iteration", std::int64_t{0}));
+    steps.resume_at(reports.rows().count());
 
     auto const hosts = comm::allgather_strings(control, detail::host_name());
     auto topo = scaling::topology_from_hosts(hosts, rank);
@@ -394,14 +381,14 @@ class trainer {
     }
     // Completion: [failed (2: its own error, 1: another rank's), max reports, -min reports]; a
     // failed rank waits at most abort_timeout_ms for the others, then aborts the job rather than hang.
-    std::int64_t status[3] = {failure ? (secondary ? 1 : 2) : 0, reports.reports_this_attempt, -reports.reports_this_attempt};
+    std::int64_t status[3] = {failure ? (secondary ? 1 : 2) : 0, reports.rows().reports_this_attempt(), -reports.rows().reports_this_attempt()};
     auto req = control.iallreduce(status, 3, comm::reduce_op::max);
     // The progress lines before any error or result. They share a thread with async checkpoint
     // writes, so after a failure a write may still be in flight: the completion is tested (and
     // so progresses) meanwhile, and the other ranks' abort_timeout_ms does not run out on it.
     bool completed = false;
-    if (reports.console)
-      while (!reports.worker.wait_for(std::chrono::milliseconds(1))) completed = completed || req.test();
+    if (reports.rows().has_console())
+      while (!reports.worker().wait_for(std::chrono::milliseconds(1))) completed = completed || req.test();
     if (!completed && failure) wait_or_abort([&] { return req.test(); }, run.abort_timeout_ms, rank, *failure);
     else if (!completed) req.wait();
     if (status[0] != 0) {
@@ -420,13 +407,14 @@ class trainer {
     // Results, identical on every rank.
     // Under a tuner the history is the tuner's (result_grid); only the last report comes back.
     std::string history;
-    if (rank == 0)
-      history = reports.listener ? nlohmann::json(reports.history.empty() ? std::vector<nlohmann::json>{}
-                                                                          : std::vector<nlohmann::json>{reports.history.back()}).dump()
-                                 : nlohmann::json(reports.history).dump();
+    if (rank == 0) {
+      auto const& rows = reports.rows().history();
+      history = reports.under_tuner() ? nlohmann::json(rows.empty() ? std::vector<nlohmann::json>{} : std::vector<nlohmann::json>{rows.back()}).dump()
+                                      : nlohmann::json(rows).dump();
+    }
     for (auto& row : nlohmann::json::parse(comm::broadcast_string(control, history))) out.metrics_history.push_back(std::move(row));
     if (!out.metrics_history.empty()) out.metrics = out.metrics_history.back();
-    if (rank == 0) reports.finish_validation();
+    if (rank == 0) reports.checkpoints().finish_validation();
     auto ckpts = nlohmann::json::parse(comm::broadcast_string(control, rank == 0 ? checkpoint_summary(reports).dump() : std::string{}));
     for (auto const& c : ckpts["best"]) out.best_checkpoints.push_back({c["path"].template get<std::string>(), c["metrics"]});
     if (ckpts.contains("latest")) out.checkpoint = checkpoint_info{ckpts["latest"]["path"].template get<std::string>(), ckpts["latest"]["metrics"]};
@@ -459,8 +447,8 @@ class trainer {
   /// Rank 0, at setup: the checkpoint to resume from ({} on a fresh run), and the retained
   /// checkpoints of earlier attempts for the retention policy. Checkpoints newer than the latest
   /// good one that fail verification are moved aside (renamed *.corrupt), never deleted.
-  nlohmann::json find_resume_point(run_config const& run, std::filesystem::path const& run_path, detail::report_state& reports) const {
-    if (reports.dir->fresh() && run.resume_from_checkpoint.empty()) return nlohmann::json::object();  // a new run directory
+  nlohmann::json find_resume_point(run_config const& run, std::filesystem::path const& run_path, detail::reporter& reports) const {
+    if (reports.rows().directory().fresh() && run.resume_from_checkpoint.empty()) return nlohmann::json::object();  // a new run directory
     std::error_code ec;
     std::filesystem::remove_all(run_path / ".staging", ec);  // staging left by a crashed attempt
     std::filesystem::remove_all(run_path / ".trash", ec);    // dropped checkpoints not yet deleted
@@ -478,7 +466,7 @@ class trainer {
         continue;
       }
       auto meta = cohort::checkpoint::from_directory(dir).metadata();
-      reports.checkpoints.push_back({meta.value("training_iteration", std::size_t{0}), meta.value("metrics", nlohmann::json::object())});
+      reports.checkpoints().restore({meta.value("training_iteration", std::size_t{0}), meta.value("metrics", nlohmann::json::object())});
     }
     if (!from) return nlohmann::json::object();
     return {{"path", from->path().string()}, {"iteration", from->metadata().value("training_iteration", std::int64_t{0})}};
@@ -486,15 +474,16 @@ class trainer {
 
   /// Rank 0, at the end: the latest checkpoint and the retained ones, best first when the policy
   /// ranks by a metric, else newest first.
-  nlohmann::json checkpoint_summary(detail::report_state const& reports) const {
+  nlohmann::json checkpoint_summary(detail::reporter& reports) const {
     auto entry = [&](cohort::checkpointing::record const& r) {
-      return nlohmann::json{{"path", (reports.run_path / cohort::checkpointing::dir_name(static_cast<std::int64_t>(r.iteration))).string()},
+      return nlohmann::json{{"path", reports.checkpoints().path_of(static_cast<std::int64_t>(r.iteration)).string()},
                             {"metrics", r.metrics}};
     };
     nlohmann::json out{{"best", nlohmann::json::array()}};
-    if (reports.checkpoints.empty()) return out;
-    out["latest"] = entry(reports.checkpoints.back());
-    auto order = reports.checkpoints;
+    auto const& retained = reports.checkpoints().records();
+    if (retained.empty()) return out;
+    out["latest"] = entry(retained.back());
+    auto order = retained;
     std::reverse(order.begin(), order.end());
     if constexpr (requires(checkpointing_type const& p) { p.metric; p.order; }) {
       auto const& p = checkpointing();

@@ -1,0 +1,321 @@
+#pragma once
+/// \file
+/// detail::reporter: what `ctx.report()` does on one rank during one fit(): the ranks' agreement
+/// that they are all at this report, the checkpointed-report protocol (every rank writes into one
+/// staging directory, the ranks agree, rank 0 commits; in async mode on the rank's background
+/// worker, agreed at the next checkpointed report), a stop signal turned into a stop on every
+/// rank, and the tuner's decision. It composes the report's rows (report::recorder) and rank 0's
+/// committed checkpoints (checkpointing::retained).
+
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/checkpointing/checkpoint.hpp"
+#include "cohort/checkpointing/payload.hpp"
+#include "cohort/checkpointing/retained.hpp"
+#include "cohort/comm/any.hpp"
+#include "cohort/comm/collectives.hpp"
+#include "cohort/detail/background.hpp"
+#include "cohort/detail/lockstep.hpp"
+#include "cohort/detail/stop_signal.hpp"
+#include "cohort/error.hpp"
+#include "cohort/report/recorder.hpp"
+
+namespace cohort::detail {
+
+/// Thrown by report() on every rank once any rank has received SIGTERM or SIGINT (after the
+/// report's checkpoint, if any, is committed); fit() turns it into result::preempted.
+struct preempted {
+  int signal = 0;
+  std::int64_t iteration = 0;
+};
+
+/// Thrown by report() on every rank of a trial when the tuner ends it early (a scheduler's stop,
+/// pause or exploit, a stopper, or another trial's preemption), after the report's checkpoint, if
+/// any, is committed; fit() turns it into result::stopped.
+struct stopped_by_tuner {
+  std::string reason;
+};
+
+/// What a tuner consults after every report (only rank 0 of the trial calls it): given the
+/// report's row, it answers {"what": "proceed" | "stop" | "pause" | "exploit" | "preempt", "error": "..."}.
+using report_listener = std::function<nlohmann::json(nlohmann::json const& row)>;
+
+/// How one fit() reports on this rank.
+struct reporter_options {
+  int rank = 0;                                     ///< in the trainer's communicator
+  std::filesystem::path run_path{};                 ///< the run directory (written by rank 0)
+  checkpoint_mode mode = checkpoint_mode::sync;     ///< run_config::checkpoint_mode
+  report_listener listener{};                       ///< set (on every rank) when a tuner runs this fit as a trial
+  checkpointing::retained::retain_fn retain{};      ///< the checkpointing policy's decision
+};
+
+/// One rank's reports during one fit(); see the file comment. Only the training thread calls it.
+class reporter {
+ public:
+  /// `control`: the trainer's control communicator (agreements, commits); `steps`: the ranks'
+  /// agreement on control flow, which every report starts with. Both outlive the reporter.
+  reporter(comm::any& control, lockstep& steps, reporter_options options)
+      : control_(control), steps_(steps), rank_(options.rank), run_path_(std::move(options.run_path)),
+        mode_(options.mode), listener_(std::move(options.listener)) {
+    checkpoints_.open(run_path_, std::move(options.retain));
+  }
+  reporter(reporter const&) = delete;
+  reporter& operator=(reporter const&) = delete;
+
+  /// Waits for the worker's jobs (the last progress lines and checkpoint writes); then the
+  /// members write the events still waiting and wait for the validation and deletion in flight.
+  ~reporter() { worker_.wait(); }
+
+  /// The rows: rank 0 opens the run directory through it at setup.
+  report::recorder& rows() { return rows_; }
+  report::recorder const& rows() const { return rows_; }
+  /// Rank 0's committed checkpoints (restored at setup, read at the end).
+  checkpointing::retained& checkpoints() { return checkpoints_; }
+  /// The ranks' agreement on control flow.
+  lockstep& steps() { return steps_; }
+  /// Whether a tuner runs this fit as a trial.
+  bool under_tuner() const { return static_cast<bool>(listener_); }
+  /// The rank's background worker: progress lines and async checkpoint writes.
+  background_worker& worker() { return worker_; }
+
+  /// A prefix unique to this attempt, the same on every rank (staging directories never collide).
+  void set_attempt_prefix(std::string const& prefix) {
+    staging_prefix_ = prefix;
+    checkpoints_.set_trash_prefix(prefix);
+  }
+
+  /// A report, with a checkpoint when any rank passes `payload`. Collective over every rank:
+  /// first the ranks agree (lockstep) that they are all at this report, whether a checkpoint is
+  /// passed (then every rank takes the checkpoint path, those without a payload writing nothing)
+  /// and whether any rank received a stop signal (then every rank stops here).
+  void report(nlohmann::json metrics, checkpoint_payload const* payload, validate_fn const& validate = {}) {
+    report::recorder::check_metrics(metrics);
+    auto const kind = !payload                                           ? checkpoint_kind::none
+                      : payload->scope == checkpoint_scope::per_rank ? checkpoint_kind::per_rank
+                                                                         : checkpoint_kind::replicated;
+    auto const agreed = steps_.agree_report(kind, stop_signal().load(), rows_.count() + 1);
+    if (agreed.any_checkpoint) {
+      static checkpoint_payload const nothing{};
+      return report_checkpoint(std::move(metrics), payload ? *payload : nothing, validate);
+    }
+    rows_.record(rows_.is_open() ? rows_.row_of(std::move(metrics)) : nlohmann::json());
+    if (agreed.signal != 0) throw preempted{agreed.signal, rows_.count()};
+    consult_listener();
+  }
+
+  /// Async mode: waits for this rank's writer, agrees on its outcome, and commits what is still
+  /// pending. Collective; fit() calls it after the functor returns. A no-op in sync mode.
+  void flush() {
+    if (mode_ != checkpoint_mode::async || (!writing_ && !to_commit_)) return;  // same on every rank
+    settle_writes();
+    std::optional<std::string> err;
+    if (rank_ == 0 && to_commit_) {
+      try {
+        commit_now(to_commit_->iteration, to_commit_->row, to_commit_->validate);
+      } catch (std::exception const& e) {
+        err = e.what();
+      }
+    }
+    to_commit_.reset();
+    if (auto e = agree_on(err)) throw cohort::error(*e);
+  }
+
+ private:
+  /// A checkpoint in async mode: the one this rank's worker is writing, or the one written on
+  /// every rank (agreed) that rank 0 commits next.
+  struct pending_checkpoint {
+    std::int64_t iteration = 0;
+    nlohmann::json row;
+    validate_fn validate;
+  };
+
+  /// Under a tuner: rank 0 hands the last row to the listener, and every rank learns its answer
+  /// (one broadcast over the control communicator). A no-op outside a tuner.
+  void consult_listener() {
+    if (!listener_) return;  // the same on every rank
+    nlohmann::json decision;
+    if (rank_ == 0) {
+      try {
+        decision = listener_(rows_.history().back());
+      } catch (std::exception const& e) {
+        decision = {{"what", "error"}, {"error", e.what()}};
+      }
+    }
+    if (control_.size() > 1)
+      decision = nlohmann::json::parse(comm::broadcast_string(control_, rank_ == 0 ? decision.dump() : std::string{}));
+    auto what = decision.value("what", std::string("proceed"));
+    if (what == "proceed") return;
+    if (what == "error") throw cohort::error(decision.value("error", std::string("the tuner failed")));
+    flush();
+    throw stopped_by_tuner{what};
+  }
+
+  /// A checkpointed report is a step boundary: if any rank received SIGTERM/SIGINT, every rank
+  /// commits what is in flight and stops (one small allreduce over the control communicator).
+  void stop_if_asked() {
+    if (auto s = agreed_stop_signal()) {
+      flush();
+      throw preempted{s, rows_.count()};
+    }
+  }
+
+  /// The signal any rank received (0: none), agreed by one small allreduce over control.
+  std::int32_t agreed_stop_signal() {
+    std::int32_t s = stop_signal().load();
+    control_.allreduce(&s, 1, comm::reduce_op::max);
+    return s;
+  }
+
+  /// A report with a checkpoint. Collective over the control communicator: every rank writes
+  /// its files into one staging directory, the ranks agree that all writes succeeded, rank 0
+  /// commits (manifest, fsync, rename) and applies the retention policy, and the ranks agree on
+  /// the commit. Any failure is a cohort::error on every rank; committed checkpoints are intact.
+  /// In async mode the writing and rank 0's commit run on the worker; the agreement on
+  /// checkpoint k happens at the next checkpointed report or at the end of fit (flush()).
+  void report_checkpoint(nlohmann::json metrics, checkpoint_payload const& payload, validate_fn const& validate) {
+    auto const iteration = rows_.count() + 1;
+    nlohmann::json row = rows_.row_of(std::move(metrics));
+    if (mode_ == checkpoint_mode::async) return report_checkpoint_async(iteration, std::move(row), payload, validate);
+    std::optional<std::string> err;
+    try {
+      write_now(iteration, payload);
+    } catch (std::exception const& e) {
+      err = e.what();
+    }
+    if (auto e = agree_on(err)) throw cohort::error(*e);
+    if (rank_ == 0) {
+      try {
+        commit_now(iteration, row, validate);
+      } catch (std::exception const& e) {
+        err = e.what();
+      }
+    }
+    if (auto e = agree_on(err)) throw cohort::error(*e);
+    rows_.record(std::move(row));
+    stop_if_asked();
+    consult_listener();
+  }
+
+  /// report_checkpoint in async mode: settles the previous checkpoint's write, hands this one's
+  /// (and the commit of the previous one) to the worker, and returns.
+  void report_checkpoint_async(std::int64_t iteration, nlohmann::json row, checkpoint_payload const& payload,
+                               validate_fn const& validate) {
+    settle_writes();  // at most one checkpoint in flight
+    if (payload.snapshot) payload.snapshot(rank_);  // copies (or defers them): training may go on now
+    // The collective first, while the ranks are still in step: rank 0's work below (result.json,
+    // the console, handing the write over) then holds up no other rank.
+    std::int32_t const signal = agreed_stop_signal();
+    pending_checkpoint next{iteration, row, validate};
+    // The progress line and the events are written by the write's job (after the deferred
+    // copies), so this report wakes one thread. A failure here (result.json on a full disk) is
+    // thrown after the job is handed over: the checkpoint to commit is committed and the step
+    // gate opened, as on every other rank.
+    report::recorder::output output;
+    std::exception_ptr record_error;
+    try {
+      rows_.record(std::move(row), &output);
+    } catch (...) {
+      record_error = std::current_exception();
+    }
+    auto commit_first = rank_ == 0 ? std::exchange(to_commit_, std::nullopt) : std::nullopt;
+    to_commit_.reset();
+    writing_ = std::move(next);
+    writing_payload_ = payload;
+    worker_.start([this, commit_first, iteration, payload, output = std::move(output)]() mutable {
+      // The deferred copies first: the training thread's next optimizer step waits for them.
+      try {
+        if (payload.finish_snapshot) payload.finish_snapshot();
+      } catch (std::exception const& e) {
+        worker_error_ = std::string("checkpoint ") + checkpointing::dir_name(iteration) + " was not written: " + e.what();
+      }
+      rows_.write(output);
+      try {
+        if (commit_first) commit_now(commit_first->iteration, commit_first->row, commit_first->validate);
+        if (worker_error_.empty()) write_now(iteration, payload);
+      } catch (std::exception const& e) {
+        if (worker_error_.empty()) worker_error_ = e.what();
+      }
+    });
+    if (record_error) std::rethrow_exception(record_error);
+    if (signal != 0) {  // this checkpoint is the preemption's: committed before stopping
+      flush();
+      throw preempted{signal, rows_.count()};
+    }
+    consult_listener();
+  }
+
+  std::filesystem::path staging_of(std::int64_t iteration) const {
+    return run_path_ / ".staging" / (staging_prefix_ + checkpointing::dir_name(iteration));
+  }
+
+  /// This rank's files of checkpoint `iteration` into its staging directory.
+  void write_now(std::int64_t iteration, checkpoint_payload const& payload) {
+    try {
+      std::error_code ec;
+      std::filesystem::create_directories(staging_of(iteration), ec);
+      if (ec)
+        throw cohort::error("cannot create " + staging_of(iteration).string() + " (" + ec.message() +
+                            "): check free space and that run_config.storage_path is writable");
+      if (payload.write) payload.write(staging_of(iteration), rank_);
+    } catch (std::exception const& e) {
+      throw cohort::error(std::string("writing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what());
+    }
+  }
+
+  /// Rank 0: commits the staging directory of checkpoint `iteration` and lists it.
+  void commit_now(std::int64_t iteration, nlohmann::json const& row, validate_fn const& validate = {}) {
+    try {
+      checkpointing::commit(staging_of(iteration), checkpoints_.path_of(iteration),
+                            {{"training_iteration", iteration}, {"metrics", row}});
+    } catch (std::exception const& e) {
+      std::error_code ec;
+      std::filesystem::remove_all(staging_of(iteration), ec);
+      throw cohort::error(std::string("committing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what());
+    }
+    checkpoints_.add(iteration, row, validate);
+  }
+
+  /// Joins the writer and agrees on its outcome; what it wrote becomes rank 0's next commit.
+  void settle_writes() {
+    if (!writing_) return;
+    worker_.wait();
+    writing_payload_.reset();
+    auto written = std::exchange(writing_, std::nullopt);  // settled either way: a failed write is never committed
+    std::optional<std::string> err;
+    if (!worker_error_.empty()) err = std::exchange(worker_error_, std::string{});
+    if (auto e = agree_on(err)) throw cohort::error(*e);
+    to_commit_ = std::move(written);
+  }
+
+  std::optional<std::string> agree_on(std::optional<std::string> const& local) { return comm::agree_on_error(control_, local); }
+
+  comm::any& control_;
+  lockstep& steps_;
+  int rank_ = 0;
+  std::filesystem::path run_path_;
+  std::string staging_prefix_;  ///< unique per attempt: staging directories never collide
+  checkpoint_mode mode_ = checkpoint_mode::sync;
+  report_listener listener_;
+  checkpointing::retained checkpoints_;  ///< rank 0: retained, oldest first
+  /// The rank's one background thread for reports: progress lines and async checkpoint writes,
+  /// in order (one wake-up per report). It makes no MPI call. Declared before rows_, whose
+  /// console drains it when destroyed.
+  background_worker worker_{"cohort-writer"};
+  report::recorder rows_{worker_};
+  std::string worker_error_;  ///< async: the worker's failure, agreed on at settle_writes()
+  std::optional<pending_checkpoint> writing_, to_commit_;
+  /// The payload the worker is writing, held by the training thread until it has waited for the
+  /// writer: what it refers to (a snapshot's references to live tensors) is released here, never
+  /// on the writer thread.
+  std::optional<checkpoint_payload> writing_payload_;
+};
+
+}  // namespace cohort::detail

@@ -1,0 +1,26 @@
+#pragma once
+/// \file
+/// The FIFO scheduler (Ray's FIFOScheduler): every trial runs to its end.
+
+#include "cohort/tuning/schedule/common.hpp"
+
+namespace cohort::schedule {
+
+/// First in, first out: every trial runs to its end (Ray's FIFOScheduler, the default).
+struct fifo {
+  /// Nothing to set up.
+  void setup(tuning::objective const&) {}
+  /// Nothing to track.
+  void on_trial_add(std::string const&, nlohmann::json const&) {}
+  /// Always `proceed`.
+  tuning::scheduling_decision on_trial_result(std::string const&, nlohmann::json const&) { return {}; }
+  /// Nothing to track.
+  void on_trial_complete(std::string const&, nlohmann::json const&) {}
+  /// An empty object: fifo has no state.
+  nlohmann::json save_state() const { return nlohmann::json::object(); }
+  /// Nothing to restore.
+  void restore_state(nlohmann::json const&) {}
+};
+static_assert(cohort::scheduler<fifo>);
+
+}  // namespace cohort::schedule
