@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include <iostream>
+
 struct fashion_netImpl : torch::nn::Module {
   fashion_netImpl()
       : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).padding(1)))),
@@ -98,4 +100,15 @@ double test_accuracy(cohort::context& ctx, Net& net, cohort::tensor_dataset cons
   std::int64_t correct = count_correct(net, test, lo, std::min<std::int64_t>(n, lo + per));
   ctx.comm().allreduce(&correct, 1, cohort::comm::reduce_op::sum);
   return static_cast<double>(correct) / static_cast<double>(n);
+}
+
+/// The examples' --min-test-accuracy: true, after one line on rank 0's stderr, when the run's
+/// final test accuracy (the same on every rank) is below `floor`.
+inline bool below_accuracy_floor(nlohmann::json const& metrics, double floor) {
+  double const got = metrics.value("test_accuracy", 0.0);
+  if (got >= floor) return false;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) std::cerr << "error: test accuracy " << got << " is below --min-test-accuracy " << floor << "\n";
+  return true;
 }
