@@ -5,11 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <fstream>
 #include <map>
 #include <sstream>
-#include <thread>
 
 #include "../catch.hpp"
 #include "../support.hpp"
@@ -91,51 +89,75 @@ TEST_CASE("a corrupt, truncated or unlisted checkpoint is skipped for the previo
 TEST_CASE("a writer killed mid-write never damages the latest committed checkpoint", "[checkpointing][pure]") {
   auto run = fresh_dir("kill9");
   commit_one(run, 1, 4 << 20);
+  int started[2];  // the child writes a byte as it begins each checkpoint
+  REQUIRE(pipe(started) == 0);
   pid_t child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {  // keeps committing large checkpoints until killed
-    for (std::int64_t i = 2;; ++i) commit_one(run, i, 8 << 20, static_cast<char>('a' + i % 26));
+    close(started[0]);
+    for (std::int64_t i = 2;; ++i) {
+      char const c = 's';
+      if (write(started[1], &c, 1) != 1) _exit(2);
+      commit_one(run, i, 8 << 20, static_cast<char>('a' + i % 26));
+    }
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  close(started[1]);
+  // Killed as checkpoint 3 begins, so checkpoint 2 was committed and 3 is being written (an
+  // event, not a sleep: on a busy machine a fixed delay could end before checkpoint 2 began).
+  char c = 0;
+  for (int n = 0; n < 2; ++n) REQUIRE(read(started[0], &c, 1) == 1);
   kill(child, SIGKILL);
+  close(started[0]);
   int status = 0;
   waitpid(child, &status, 0);
   CHECK(WIFSIGNALED(status));
   auto good = latest_good(run);
   REQUIRE(good.has_value());
+  // Checkpoint 2 at least (3 too, only where the kill came after its commit).
+  CHECK(good->path().filename().string() >= dir_name(2));
   CHECK_FALSE(verify(good->path()).has_value());
   for (auto const& d : committed(run)) CHECK_FALSE(verify(d).has_value());  // no committed dir is partial
 }
 
-TEST_CASE("a full disk fails the write and leaves no committed checkpoint behind", "[checkpointing][pure]") {
+TEST_CASE("a full disk fails cohort's writer with an error naming the file, and commits nothing", "[checkpointing][pure]") {
   auto run = fresh_dir("diskfull");
   commit_one(run, 1, 100);
+  int message_pipe[2];
+  REQUIRE(pipe(message_pipe) == 0);
   pid_t child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {  // a file size limit of 64 KiB stands in for a full disk
+    close(message_pipe[0]);
     signal(SIGXFSZ, SIG_IGN);
     rlimit lim{64 << 10, 64 << 10};
     setrlimit(RLIMIT_FSIZE, &lim);
     try {
       auto staging = run / ".staging" / dir_name(2);
       fs::create_directories(staging);
-      {
-        std::ofstream out(staging / "model.bin", std::ios::binary);
-        out << std::string(1 << 20, 'y');
-        out.flush();
-        if (!out) throw cohort::error("could not write model.bin: check free space");
-      }
+      std::string const bytes(1 << 20, 'y');
+      write_checked(staging / "model.bin", bytes.data(), bytes.size());  // cohort's writer: a short write, then EFBIG
       commit(staging, run / dir_name(2), {});
       _exit(0);
-    } catch (cohort::error const&) {
+    } catch (cohort::error const& e) {
+      std::string const m = e.what();
+      if (write(message_pipe[1], m.data(), m.size()) < 0) _exit(4);
       _exit(3);
     }
   }
+  close(message_pipe[1]);
+  std::string message;
+  char buf[512];
+  for (ssize_t n; (n = read(message_pipe[0], buf, sizeof buf)) > 0;) message.append(buf, static_cast<std::size_t>(n));
+  close(message_pipe[0]);
   int status = 0;
   waitpid(child, &status, 0);
+  // Catches a writer that takes a short write for a whole one, or an error without the file.
+  REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 3);
-  CHECK_FALSE(fs::exists(run / "checkpoint_000002"));
-  CHECK(latest_good(run)->path().filename() == "checkpoint_000001");
+  CHECK_THAT(message, contains_text("could not write " + (run / ".staging" / dir_name(2) / "model.bin").string() +
+                                    " (65536 bytes written): check free space"));
+  CHECK_FALSE(fs::exists(run / dir_name(2)));
+  CHECK(latest_good(run)->path().filename() == dir_name(1));
 }
 
 TEST_CASE("manifest names that would lead outside the checkpoint directory are refused", "[checkpointing][pure][bad-input]") {

@@ -15,17 +15,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 requirements=$here/requirements-tensorboard.txt
 fail() { echo "FAIL: $*"; exit 1; }
 
-if ! cmp -s "$requirements" "$venv/cohort-requirements.txt" 2>/dev/null; then
-  rm -rf "$venv"
-  python=$(command -v /usr/bin/python3 python3 | head -1)
-  out=$("$python" -m venv "$venv" 2>&1) || { echo "SKIPPED: cannot make a Python venv ($python -m venv: $(tail -1 <<<"$out"))"; exit 77; }
-  out=$("$venv/bin/pip" install -q --disable-pip-version-check --timeout 15 --retries 1 -r "$requirements" 2>&1) || {
-    rm -rf "$venv"
-    echo "SKIPPED: cannot install tensorboard from PyPI into a venv (no network?): $(grep -E "^ERROR" <<<"$out" | tail -1)"
-    exit 77
-  }
-  cp "$requirements" "$venv/cohort-requirements.txt"
-fi
+bash "$here/../make_venv.sh" "$venv" "$requirements" || exit $?
 
 rm -rf "$scratch" && mkdir -p "$scratch"
 runs=$scratch/runs

@@ -156,18 +156,28 @@ TEST_CASE("equivalence holds when gradients are reset to none between steps", "[
 
 TEST_CASE("prepare_model broadcasts parameters and buffers from rank 0", "[torch][mpi]") {
   auto r = cohort::trainer{[](cohort::context& ctx) {
-             torch::manual_seed(ctx.world_rank());
              auto bn = torch::nn::BatchNorm1d(3);
-             bn->running_mean.fill_(static_cast<float>(ctx.world_rank() + 1));
+             {
+               // Every rank starts from other values (BatchNorm's own are ones and zeros on every
+               // rank, whatever the seed, so they would match without any broadcast).
+               torch::NoGradGuard no_grad;
+               float const r = static_cast<float>(ctx.world_rank());
+               bn->weight.fill_(r + 2);
+               bn->bias.fill_(-(r + 1));
+               bn->running_mean.fill_(r + 1);
+             }
              auto model = ctx.prepare_model(bn);
-             double sum = 0;
-             for (auto& p : model->parameters()) sum += p.sum().item<double>();
-             return nlohmann::json{{"mean", model->running_mean[0].item<double>()}, {"sum", sum}};
+             return nlohmann::json{{"mean", model->running_mean[0].item<double>()},
+                                   {"weight", model->weight.sum().item<double>()},
+                                   {"bias", model->bias.sum().item<double>()}};
            }}.fit(nlohmann::json::object(), quiet("broadcast"));
   REQUIRE(r.ok());
+  // Rank 0's values everywhere: catches a broadcast that skips parameters or buffers, or sends
+  // from another rank.
   for (auto const& v : r.return_values) {
     CHECK(v["mean"] == 1.0);
-    CHECK(v["sum"] == r.return_values.front()["sum"]);
+    CHECK(v["weight"] == 6.0);
+    CHECK(v["bias"] == -3.0);
   }
 }
 
