@@ -3,7 +3,8 @@
 # 1. an uninterrupted run; 2. the same run with one rank SIGKILLed at epoch 3, relaunched by
 # cohort-run: it must finish with bitwise the same parameters; 3. SIGTERM on one rank at epoch 3:
 # every rank stops with exit code 75 after committing checkpoint 3, and rerunning finishes with
-# the same parameters.
+# the same parameters; 4. a run that fails every time: cohort-run gives up after --max-failures
+# restarts, with the run's exit code and the reason.
 set -u
 run=$1 prog=$2 scratch=$3
 shift 3
@@ -23,11 +24,18 @@ cmp -s "$scratch/straight.params.json" "$scratch/relaunched.params.json" || fail
 out=$(timeout 120 "${mpi[@]}" "$prog" --storage "$scratch" --name preempted --term-at 3 2>&1)
 rc=$?
 printf '%s\n' "$out" | grep -E "error" | head -5
-[ $rc -ne 0 ] || fail "SIGTERM did not stop the run"
+[ $rc -eq 75 ] || fail "SIGTERM: exit $rc, where 75 (EX_TEMPFAIL: preempted, rerun to resume) is promised"
 n=$(grep -c "error: stopped by SIGTERM after report 3" <<<"$out")
 [ "$n" -ge 1 ] || fail "no rank said it stopped on SIGTERM after report 3"
 [ -d "$scratch/preempted/checkpoint_000003" ] || fail "checkpoint 3 was not committed before stopping"
 [ ! -d "$scratch/preempted/checkpoint_000004" ] || fail "the run went on past the stop"
 timeout 120 "${mpi[@]}" "$prog" --storage "$scratch" --name preempted || fail "the rerun after SIGTERM failed"
 cmp -s "$scratch/straight.params.json" "$scratch/preempted.params.json" || fail "the resumed run's parameters differ"
-echo "ok: relaunch after SIGKILL and resume after SIGTERM both equal the uninterrupted run"
+
+# More workers asked for than started: every attempt fails (exit 1) the same way.
+out=$(timeout 120 "$run" --max-failures 2 -- "${mpi[@]}" "$prog" --storage "$scratch" --name never --min-workers 99 2>&1)
+rc=$?
+[ $rc -eq 1 ] || fail "cohort-run gave up with exit $rc, not the run's 1"
+[ "$(grep -c "cohort-run: restart [12] of 2 because it exited with code 1" <<<"$out")" -eq 2 ] || fail "cohort-run did not restart twice"
+grep -q "cohort-run: giving up after 2 restart(s): it exited with code 1" <<<"$out" || fail "cohort-run did not say it gave up"
+echo "ok: relaunch after SIGKILL and resume after SIGTERM both equal the uninterrupted run; cohort-run gives up after 2 restarts"

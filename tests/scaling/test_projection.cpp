@@ -18,6 +18,16 @@ cluster bandwidth_only(double gbytes_per_s) {
           .call_latency_us = 0};
 }
 
+// A cluster with round numbers, so that the expected costs below are worked out by hand (in the
+// comments), not with the library's formulas: a regression in a formula or a default then fails.
+cluster round_numbers() {
+  return {.gpus_per_node = 8,
+          .intra_node = {.alpha_us = 2, .tree_alpha_us = 1, .bus_bandwidth_gbytes_per_s = 400},
+          .inter_node = {.alpha_us = 5, .tree_alpha_us = 10, .bus_bandwidth_gbytes_per_s = 40},
+          .call_latency_us = 20,
+          .tree_bandwidth_fraction = 0.5};
+}
+
 double sum(std::span<std::size_t const> v) { return static_cast<double>(std::accumulate(v.begin(), v.end(), std::size_t{0})); }
 
 }  // namespace
@@ -27,13 +37,13 @@ TEST_CASE("a 1 GB ring all-reduce on 8 GPUs costs 2*7/8 of a GB at the bus bandw
   double seconds = 2.0 * 7 / 8 * 1e9 / 370e9;
   CHECK(flat_ring_allreduce_us(1'000'000'000, 8, nvlink) == Approx(seconds * 1e6 + 14 * 2.0));
   CHECK(seconds * 1e6 == Approx(4729.73).epsilon(1e-5));
-  // In a cluster: the same bandwidth term, NCCL's call latency, all 14 steps over NVLink.
-  cluster c;
-  CHECK(ring_allreduce_us(1'000'000'000, 8, c) == Approx(c.call_latency_us + 14 * c.intra_node.alpha_us + seconds * 1e6));
-  // A large message takes the ring: the tree moves 2 B at 0.92 of the bandwidth.
-  CHECK(tree_allreduce_us(1'000'000'000, 8, c) ==
-        Approx(c.call_latency_us + 2 * 7 * c.intra_node.tree_alpha_us + 2e9 / (0.92 * 370e9) * 1e6));
-  CHECK(allreduce_us(1'000'000'000, 8, c) == ring_allreduce_us(1'000'000'000, 8, c));
+  // In a cluster: the call latency, all 14 steps over NVLink, 2*7/8 GB at 400 GB/s:
+  // 20 + 14 * 2 + 4375 = 4423 us.
+  cluster const c = round_numbers();
+  CHECK(ring_allreduce_us(1'000'000'000, 8, c) == Approx(4423.0));
+  // The tree: 20 + 2 * 7 hops * 1 us + 2 GB at 0.5 * 400 GB/s (10,000 us) = 10,034 us; the ring wins.
+  CHECK(tree_allreduce_us(1'000'000'000, 8, c) == Approx(10034.0));
+  CHECK(allreduce_us(1'000'000'000, 8, c) == Approx(4423.0));
   STATIC_REQUIRE(flat_ring_allreduce_us(1000, 2, interconnect{.alpha_us = 1, .tree_alpha_us = 0, .bus_bandwidth_gbytes_per_s = 1}) == 1000 / 1e3 + 2);
 }
 
@@ -85,17 +95,20 @@ TEST_CASE("across nodes the ring runs at its slowest link and the tree wins smal
   CHECK(ring_bus_bandwidth_gbytes_per_s(12, c) == Approx(4 * 45));
   CHECK(ring_allreduce_us(1 << 30, 9, c) > ring_allreduce_us(1 << 30, 16, c));
   CHECK(ring_bus_bandwidth_gbytes_per_s(16, cluster{.inter_node = {.bus_bandwidth_gbytes_per_s = 100}}) == 370);
-  // NCCL's latency split: 2 * nodes of the 2(n-1) steps cross the network.
+  // NCCL's latency split: 2 * nodes of the 2(n-1) steps cross the network. With round numbers,
+  // 64 MiB on 1024 GPUs (128 nodes): the ring runs at min(400, 8 rails * 40) = 320 GB/s, so
+  // 20 + (2046 - 256) * 2 + 256 * 5 + 2 * 1023/1024 * 67,108,864 / 320e3 (419.0208) = 5299.0208 us;
+  // the tree climbs 7 hops in a node and 7 across nodes, both ways, at 0.5 * 320 GB/s:
+  // 20 + 2 * (7 * 1 + 7 * 10) + 2 * 67,108,864 / 160e3 (838.8608) = 1012.8608 us, and wins.
   std::size_t bytes = 64 << 20;
-  double bandwidth_us = 2.0 * 1023 / 1024 * bytes / (360 * 1e3);
-  CHECK(ring_allreduce_us(bytes, 1024, c) ==
-        Approx(c.call_latency_us + (2046 - 256) * c.intra_node.alpha_us + 256 * c.inter_node.alpha_us + bandwidth_us));
+  cluster const r = round_numbers();
+  CHECK(ring_bus_bandwidth_gbytes_per_s(1024, r) == Approx(320));
+  CHECK(ring_allreduce_us(bytes, 1024, r) == Approx(5299.0208));
+  CHECK(tree_allreduce_us(bytes, 1024, r) == Approx(1012.8608));
+  CHECK(allreduce_us(bytes, 1024, r) == Approx(1012.8608));
   CHECK(ceil_log2(1) == 0);
   CHECK(ceil_log2(128) == 7);
   CHECK(ceil_log2(129) == 8);
-  CHECK(tree_allreduce_us(bytes, 1024, c) ==
-        Approx(c.call_latency_us + 2 * (7 * c.intra_node.tree_alpha_us + 7 * c.inter_node.tree_alpha_us) +
-               2.0 * bytes / (0.92 * 360 * 1e3)));
   // 1024 GPUs: the ring's 2046 steps cost milliseconds, so a 1 MiB bucket goes by tree.
   CHECK(allreduce_us(1 << 20, 1024, c) == tree_allreduce_us(1 << 20, 1024, c));
   CHECK(allreduce_us(1 << 20, 1024, c) < 200);

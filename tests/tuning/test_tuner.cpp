@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <thread>
@@ -27,10 +28,23 @@ std::size_t lines_of(std::filesystem::path const& p) {
 
 /// A trial: `iterations` reports of score = -(x - 2)^2 - (y - 1)^2 (best at x = 2, y = 1), each
 /// with the world rank that ran it and wall-clock times (trial start, this report), so the test can see the groups.
+/// With `rendezvous` set, a trial first leaves a file there named after its world rank and waits
+/// (at most 60 s) until `groups` such files exist: every group then holds a trial at once, however
+/// the machine schedules them (an event, where a timing would let a busy group miss every trial).
 struct quadratic {
   int iterations = 3;
   int sleep_ms = 5;
+  std::filesystem::path rendezvous{};
+  int groups = 0;
   void operator()(cohort::context& ctx, nlohmann::json const& config) const {
+    if (!rendezvous.empty()) {
+      std::ofstream(rendezvous / ("rank_" + std::to_string(world_rank())));
+      auto const until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      auto arrived = [&] {
+        return std::distance(std::filesystem::directory_iterator(rendezvous), std::filesystem::directory_iterator{});
+      };
+      while (arrived() < groups && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     double const x = config.at("x").get<double>(), y = config.at("y").get<double>();
     auto const start = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     for (int i = 1; i <= iterations; ++i) {
@@ -48,7 +62,11 @@ struct quadratic {
 
 TEST_CASE("a grid search runs every trial once, spread over the groups", "[tuning][mpi]") {
   auto const storage = cohort_test::scratch("tune_grid");
-  cohort::tuner tuner{quadratic{}, cohort::tune_config{.metric = "score", .mode = cohort::max, .num_samples = 2, .status_interval_s = 1e9}};
+  auto const rendezvous = storage / "rendezvous";
+  if (world_rank() == 0) std::filesystem::create_directories(rendezvous);
+  MPI_Barrier(MPI_COMM_WORLD);
+  cohort::tuner tuner{quadratic{.rendezvous = rendezvous, .groups = world_size()},
+                      cohort::tune_config{.metric = "score", .mode = cohort::max, .num_samples = 2, .status_interval_s = 1e9}};
   auto grid = tuner.fit(cohort::space{{"x", cohort::grid_search({1.0, 2.0, 3.0})}, {"y", cohort::grid_search({0.0, 1.0, 2.0})}},
                         {.name = "grid", .storage_path = storage.string(), .verbose = 0});
   REQUIRE(grid.ok());
@@ -64,7 +82,7 @@ TEST_CASE("a grid search runs every trial once, spread over the groups", "[tunin
   }
   for (double x : {1.0, 2.0, 3.0})
     for (double y : {0.0, 1.0, 2.0}) CHECK(combos.count({x, y}) == 2);
-  CHECK(leaders.size() == static_cast<std::size_t>(world_size()));  // every group ran trials
+  CHECK(leaders.size() == static_cast<std::size_t>(world_size()));  // every group ran trials (the rendezvous)
   auto const& best = grid.best_result();
   CHECK(best.config.at("x") == 2.0);
   CHECK(best.config.at("y") == 1.0);
