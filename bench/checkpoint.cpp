@@ -1,6 +1,6 @@
 // Checkpoint save throughput vs a plain sequential write of the same bytes on the same disk, and
 // the training stall of an async checkpoint.
-//   mpirun -np 2 ./bench_checkpoint [google-benchmark flags]   (storage: $TMPDIR or /tmp)
+//   mpirun -np 2 ./bench_checkpoint [--smoke] [google-benchmark flags]   (storage: $TMPDIR or /tmp)
 //   plain_write/B        rank 0 writes B bytes to one file (16 MiB per write()) and fsyncs it
 //                        (the baseline)
 //   sync_checkpoint/B    ctx.report(metrics, checkpoint_of(model)) with B bytes of parameters,
@@ -143,14 +143,21 @@ void sync_checkpoint(benchmark::State& state) {
 
 }  // namespace
 
+/// The model sizes measured: 16 and 256 MiB (--smoke: 1 MiB).
+std::vector<std::int64_t> sizes_bytes() {
+  return cohort_bench::full_or_smoke(std::vector<std::int64_t>{16ll << 20, 256ll << 20}, std::vector<std::int64_t>{1ll << 20});
+}
+
 int main(int argc, char** argv) {
+  cohort_bench::take_smoke_flag(argc, argv);
   cohort::environment env{argc, argv};
   benchmark::Initialize(&argc, argv);
   char const* tmp = std::getenv("TMPDIR");
   g_dir = std::filesystem::path(tmp ? tmp : "/tmp") / ("cohort_bench_ckpt_" + std::to_string(getpid()));
-  for (std::int64_t b : {std::int64_t{16} << 20, std::int64_t{256} << 20}) {
-    benchmark::RegisterBenchmark("plain_write", plain_write)->Arg(b)->Iterations(8)->UseManualTime()->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark("sync_checkpoint", sync_checkpoint)->Arg(b)->Iterations(8)->UseManualTime()->Unit(benchmark::kMillisecond);
+  int const iterations = cohort_bench::full_or_smoke(8, 2);
+  for (std::int64_t b : sizes_bytes()) {
+    benchmark::RegisterBenchmark("plain_write", plain_write)->Arg(b)->Iterations(iterations)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("sync_checkpoint", sync_checkpoint)->Arg(b)->Iterations(iterations)->UseManualTime()->Unit(benchmark::kMillisecond);
   }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -161,24 +168,28 @@ int main(int argc, char** argv) {
   auto body = [](cohort::context& ctx) {
     g_ctx = &ctx;
     cohort_bench::run_all();
-    alternated(std::int64_t{16} << 20, 15);
-    alternated(std::int64_t{256} << 20, 9);
+    if (cohort_bench::smoke) {
+      alternated(std::int64_t{1} << 20, 1);
+    } else {
+      alternated(std::int64_t{16} << 20, 15);
+      alternated(std::int64_t{256} << 20, 9);
+    }
   };
-  cohort::trainer{body, cohort::checkpointing::keep_last{.num_to_keep = 1}}.fit(
-      nlohmann::json::object(), {.name = "sync", .storage_path = g_dir.string(), .verbose = 0});
+  int status = cohort_bench::exit_status(cohort::trainer{body, cohort::checkpointing::keep_last{.num_to_keep = 1}}.fit(
+      nlohmann::json::object(), {.name = "sync", .storage_path = g_dir.string(), .verbose = 0}));
 
   // The async stall: report() time in async mode, max over ranks, for a 16 MiB and a 256 MiB model.
-  cohort::trainer{[](cohort::context& ctx) {
-                    for (std::int64_t b : {std::int64_t{16} << 20, std::int64_t{256} << 20}) {
+  status |= cohort_bench::exit_status(cohort::trainer{[](cohort::context& ctx) {
+                    for (std::int64_t b : sizes_bytes()) {
                       auto model = std::make_shared<blob>(b);
                       double worst = 0;
-                      for (int k = 0; k < 4; ++k) {
+                      for (int k = 0; k < cohort_bench::full_or_smoke(4, 2); ++k) {
                         MPI_Barrier(MPI_COMM_WORLD);
                         auto t0 = std::chrono::steady_clock::now();
                         ctx.report({{"b", b}}, cohort::checkpoint_of(model));
                         double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
                         if (k > 0) worst = std::max(worst, s);  // k = 0 waits for nothing; later ones wait for the previous write
-                        std::this_thread::sleep_for(std::chrono::seconds(2));  // "training" while the write proceeds
+                        std::this_thread::sleep_for(cohort_bench::full_or_smoke(std::chrono::milliseconds(2000), std::chrono::milliseconds(100)));  // "training" while the write proceeds
                       }
                       MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
                       if (ctx.world_rank() == 0)
@@ -189,10 +200,10 @@ int main(int argc, char** argv) {
                   cohort::checkpointing::keep_last{.num_to_keep = 1}}
       .fit(nlohmann::json::object(), {.name = "async", .storage_path = g_dir.string(), .verbose = 0,
                                       .abort_timeout_ms = 30'000, .resume_from_checkpoint = "",
-                                      .checkpoint_mode = cohort::checkpoint_mode::async});
+                                      .checkpoint_mode = cohort::checkpoint_mode::async}));
   // The stall inside training: blocks of 10 steps, alternately ending in an async checkpoint
   // and not (the same steps otherwise), so both see the same machine.
-  cohort::trainer{[](cohort::context& ctx) {
+  status |= cohort_bench::exit_status(cohort::trainer{[](cohort::context& ctx) {
                     torch::manual_seed(1);
                     auto model = ctx.prepare_model(fashion_net());
                     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -204,7 +215,7 @@ int main(int argc, char** argv) {
                       opt.step();
                     };
                     for (int i = 0; i < 5; ++i) step();  // warm-up
-                    constexpr int block_steps = 10, blocks = 20;
+                    int const block_steps = cohort_bench::full_or_smoke(10, 2), blocks = cohort_bench::full_or_smoke(20, 2);
                     // The ranks' report() windows compare on one host only (one steady clock).
                     bool const one_host = ctx.local_world_size() == ctx.world_size();
                     std::vector<double> stalls, held, after_last, with_s, without_s;
@@ -254,7 +265,7 @@ int main(int argc, char** argv) {
                   cohort::checkpointing::keep_last{.num_to_keep = 1}}
       .fit(nlohmann::json::object(), {.name = "training", .storage_path = g_dir.string(), .verbose = 0,
                                       .abort_timeout_ms = 30'000, .resume_from_checkpoint = "",
-                                      .checkpoint_mode = cohort::checkpoint_mode::async});
+                                      .checkpoint_mode = cohort::checkpoint_mode::async}));
   if (rank == 0) std::filesystem::remove_all(g_dir);
-  return 0;
+  return status;
 }

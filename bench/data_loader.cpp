@@ -1,6 +1,6 @@
 // Loader throughput and the data-wait share of a training step, with and without prefetch, on
 // Fashion-MNIST (the dataset-fashion-mnist package, or FASHION_MNIST_DIR).
-//   mpirun -np 2 ./bench_data_loader [google-benchmark flags]
+//   mpirun -np 2 ./bench_data_loader [--smoke] [google-benchmark flags]
 //   loader/prefetch:P      batches of 64 from this rank's shuffled shard, nothing else (samples/s)
 //   train_step/prefetch:P  the same batches feeding the reference CNN's training step; the counter
 //                          data_wait_share is the share of step time spent waiting for data
@@ -33,8 +33,8 @@ cohort::data_loader<cohort::tensor_dataset> make_loader(std::size_t prefetch) {
           {.batch_size = 64, .prefetch_batches = prefetch}};
 }
 
-constexpr int loader_batches = 400;
-constexpr int step_batches = 60;
+int loader_batches() { return cohort_bench::full_or_smoke(400, 4); }
+int step_batches() { return cohort_bench::full_or_smoke(60, 2); }
 
 void loader(benchmark::State& state) {
   auto l = make_loader(static_cast<std::size_t>(state.range(0)));
@@ -43,10 +43,10 @@ void loader(benchmark::State& state) {
       int k = 0;
       for (auto& b : l.epoch()) {
         benchmark::DoNotOptimize(b.inputs.data_ptr());
-        if (++k == loader_batches) break;
+        if (++k == loader_batches()) break;
       }
     });
-  state.SetItemsProcessed(state.iterations() * loader_batches * 64);
+  state.SetItemsProcessed(state.iterations() * loader_batches() * 64);
 }
 
 void train_step(benchmark::State& state) {
@@ -64,7 +64,7 @@ void train_step(benchmark::State& state) {
         opt.zero_grad();
         torch::cross_entropy_loss(net->forward(b.inputs), b.targets).backward();
         opt.step();
-        if (++k == step_batches) break;
+        if (++k == step_batches()) break;
       }
     });
     total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -73,24 +73,25 @@ void train_step(benchmark::State& state) {
   double worst = wait / total;
   MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   state.counters["data_wait_share"] = worst;
-  state.SetItemsProcessed(state.iterations() * step_batches * 64);
+  state.SetItemsProcessed(state.iterations() * step_batches() * 64);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort_bench::take_smoke_flag(argc, argv);
   cohort::environment env{argc, argv};
   benchmark::Initialize(&argc, argv);
   g_train = load_train();
   for (int p : {0, 4}) {
-    benchmark::RegisterBenchmark("loader", loader)->ArgName("prefetch")->Arg(p)->Iterations(5)->UseManualTime()->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark("train_step", train_step)->ArgName("prefetch")->Arg(p)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("loader", loader)->ArgName("prefetch")->Arg(p)->Iterations(cohort_bench::full_or_smoke(5, 1))->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("train_step", train_step)->ArgName("prefetch")->Arg(p)->Iterations(cohort_bench::full_or_smoke(3, 1))->UseManualTime()->Unit(benchmark::kMillisecond);
   }
-  cohort::trainer{[](cohort::context& ctx) {
+  auto const result = cohort::trainer{[](cohort::context& ctx) {
                     g_ctx = &ctx;
                     cohort_bench::run_all();
                   },
                   cohort::sharding::shuffled{.seed = 1}}
       .fit(nlohmann::json::object(), {.name = "", .storage_path = "/tmp/cohort_bench", .verbose = 0});
-  return 0;
+  return cohort_bench::exit_status(result);
 }

@@ -1,5 +1,5 @@
 // Gradient synchronisation through prepare_model vs a raw MPI_Allreduce of the same bytes.
-//   mpirun -np 2 ./bench_gradient_sync [google-benchmark flags]
+//   mpirun -np 2 ./bench_gradient_sync [--smoke] [google-benchmark flags]
 // For each size S (1 KiB .. 256 MiB of float32 gradients, in tensors of at most 1 MiB like layers):
 //   raw_allreduce/S     one MPI_Allreduce (in place) of S bytes            (the baseline)
 //   local_backward/S    backward of sum(p) over the parameters, no sync
@@ -33,7 +33,11 @@ struct blob : torch::nn::Module {
   std::vector<torch::Tensor> params;
 };
 
-std::int64_t iterations_for(std::int64_t bytes) { return std::clamp<std::int64_t>((64ll << 20) / bytes, 5, 2000); }
+std::int64_t iterations_for(std::int64_t bytes) {
+  return cohort_bench::full_or_smoke(std::clamp<std::int64_t>((64ll << 20) / bytes, 5, 2000), std::int64_t{2});
+}
+/// The largest gradient size measured (--smoke: 64 KiB).
+std::int64_t max_bytes() { return cohort_bench::full_or_smoke(256ll << 20, 64ll << 10); }
 
 void raw_allreduce(benchmark::State& state) {
   std::vector<float> buf(static_cast<std::size_t>(state.range(0) / 4), 1.0f);
@@ -61,7 +65,7 @@ void cohort_backward(benchmark::State& state) { backward(state, true); }
 void register_all() {
   for (auto* fn : {&raw_allreduce, &local_backward, &cohort_backward}) {
     char const* name = fn == &raw_allreduce ? "raw_allreduce" : fn == &local_backward ? "local_backward" : "cohort_backward";
-    for (std::int64_t bytes = 1 << 10; bytes <= (256ll << 20); bytes *= 4)
+    for (std::int64_t bytes = 1 << 10; bytes <= max_bytes(); bytes *= 4)
       benchmark::RegisterBenchmark(name, fn)
           ->Arg(bytes)
           ->Iterations(iterations_for(bytes))
@@ -73,16 +77,17 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort_bench::take_smoke_flag(argc, argv);
   cohort::environment env{argc, argv};
   benchmark::Initialize(&argc, argv);
   register_all();
-  cohort::trainer{[](cohort::context& ctx) {
+  auto const result = cohort::trainer{[](cohort::context& ctx) {
     g_ctx = &ctx;
     auto t = cohort_bench::run_all();
     if (ctx.world_rank() != 0) return;
     std::printf("\n| gradient bytes | raw MPI_Allreduce (us) | cohort sync (us) | cohort / raw throughput |\n");
     std::printf("|---:|---:|---:|---:|\n");
-    for (std::int64_t bytes = 1 << 10; bytes <= (256ll << 20); bytes *= 4) {
+    for (std::int64_t bytes = 1 << 10; bytes <= max_bytes(); bytes *= 4) {
       auto key = [&](char const* n) { return std::string(n) + "/" + std::to_string(bytes) + "/iterations:" +
                                               std::to_string(iterations_for(bytes)) + "/manual_time"; };
       double raw = t[key("raw_allreduce")], sync = t[key("cohort_backward")] - t[key("local_backward")];
@@ -90,5 +95,5 @@ int main(int argc, char** argv) {
                   sync > 0 ? raw / sync : 0.0);
     }
   }}.fit(nlohmann::json::object(), {.name = "", .storage_path = "/tmp/cohort_bench", .verbose = 0});
-  return 0;
+  return cohort_bench::exit_status(result);
 }

@@ -2,18 +2,64 @@
 // Google Benchmark under MPI: every rank runs every benchmark with fixed iteration counts (so all
 // ranks enter the same collectives); each iteration's time is the maximum over ranks (MPI_MAX) and
 // only rank 0 reports. Rank 0 also keeps each benchmark's mean time for the ratio summaries.
+// Every benchmark takes --smoke (ctest's bench.* tests): its smallest size, an iteration or two,
+// so that CI shows it still runs from start to end; figures from a smoke run mean nothing.
 
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 namespace cohort_bench {
+
+/// True under --smoke: each benchmark at its smallest size for an iteration or two (CI).
+inline bool smoke = false;
+
+/// Takes --smoke out of argv (so neither Google Benchmark nor the program's own flags see it) and
+/// sets `smoke`; call it first in main().
+inline void take_smoke_flag(int& argc, char** argv) {
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--smoke") smoke = true;
+    else argv[kept++] = argv[i];
+  }
+  argc = kept;
+  argv[argc] = nullptr;
+}
+
+/// Set when a benchmark's work failed; the program then exits 1 (ctest's bench.* tests see it).
+inline bool failed = false;
+
+/// Records that `what` failed (on stderr, and as the benchmark's error) so the program exits 1.
+inline void fail(benchmark::State& state, std::string const& what) {
+  failed = true;
+  std::fprintf(stderr, "error: %s\n", what.c_str());
+  state.SkipWithError(what.c_str());
+}
+
+/// The program's exit status: 1 (with the error on stderr) if `result`, a fit's result, failed or
+/// a benchmark called fail(); else 0.
+template <class Result>
+int exit_status(Result const& result) {
+  if (!result.ok()) {
+    std::fprintf(stderr, "error: %s\n", result.error ? result.error->c_str() : "the fit failed");
+    failed = true;
+  }
+  return failed ? 1 : 0;
+}
+
+/// `full` normally, `small` under --smoke.
+template <class T>
+T full_or_smoke(T full, T small) {
+  return smoke ? small : full;
+}
 
 /// Runs `body` on every rank after a barrier; the slowest rank's seconds (MPI_MAX).
 template <class Body>

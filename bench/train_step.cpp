@@ -1,7 +1,7 @@
 // A full training step through cohort's trainer and prepare_model vs a hand-written MPI loop on
 // the same model (broadcast once, then per step: forward, backward, MPI_Allreduce of each
 // gradient in place, divide by the world size, SGD step).
-//   mpirun -np 2 ./bench_train_step [google-benchmark flags]
+//   mpirun -np 2 ./bench_train_step [--smoke] [google-benchmark flags]
 // Models: the reference Fashion-MNIST CNN (batch 64 per rank, 1x28x28) and a small MLP
 // (batch 64, input 1024, two hidden layers of 256, 10 outputs).
 // The ranks' agreement on control flow (detail::lockstep, one small all-reduce started at the
@@ -105,26 +105,29 @@ void agreement(benchmark::State& state) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort_bench::take_smoke_flag(argc, argv);
   cohort::environment env{argc, argv};
   benchmark::Initialize(&argc, argv);
   benchmark::AddCustomContext("libtorch", TORCH_VERSION);
   // Interleaved and repeated, so that drift on a shared machine hits both sides alike.
-  for (int rep = 0; rep < 3; ++rep) {
+  static int const cnn_steps = cohort_bench::full_or_smoke(40, 2), mlp_steps = cohort_bench::full_or_smoke(400, 2),
+                   agreements = cohort_bench::full_or_smoke(2000, 2);
+  for (int rep = 0; rep < cohort_bench::full_or_smoke(3, 1); ++rep) {
     benchmark::RegisterBenchmark("cnn/handwritten", [](benchmark::State& s) { handwritten(s, make_cnn); })
-        ->Iterations(40)->UseManualTime()->Unit(benchmark::kMillisecond);
+        ->Iterations(cnn_steps)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("cnn/cohort", [](benchmark::State& s) { through_cohort(s, make_cnn); })
-        ->Iterations(40)->UseManualTime()->Unit(benchmark::kMillisecond);
+        ->Iterations(cnn_steps)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("cnn/cohort_without_agreement", [](benchmark::State& s) { through_cohort(s, make_cnn, false); })
-        ->Iterations(40)->UseManualTime()->Unit(benchmark::kMillisecond);
+        ->Iterations(cnn_steps)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("mlp/handwritten", [](benchmark::State& s) { handwritten(s, make_mlp); })
-        ->Iterations(400)->UseManualTime()->Unit(benchmark::kMillisecond);
+        ->Iterations(mlp_steps)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("mlp/cohort", [](benchmark::State& s) { through_cohort(s, make_mlp); })
-        ->Iterations(400)->UseManualTime()->Unit(benchmark::kMillisecond);
+        ->Iterations(mlp_steps)->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("mlp/cohort_without_agreement", [](benchmark::State& s) { through_cohort(s, make_mlp, false); })
-        ->Iterations(400)->UseManualTime()->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark("agreement", agreement)->Iterations(2000)->UseManualTime()->Unit(benchmark::kMicrosecond);
+        ->Iterations(mlp_steps)->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("agreement", agreement)->Iterations(agreements)->UseManualTime()->Unit(benchmark::kMicrosecond);
   }
-  cohort::trainer{[](cohort::context& ctx) {
+  auto const result = cohort::trainer{[](cohort::context& ctx) {
     g_ctx = &ctx;
     std::map<std::string, std::vector<double>> runs;
     int rank = ctx.world_rank();
@@ -143,12 +146,12 @@ int main(int argc, char** argv) {
       for (double x : v) s += x;
       return v.empty() ? 0.0 : s / static_cast<double>(v.size());
     };
-    double const agree = mean(runs["agreement/iterations:2000/manual_time"]);
+    double const agree = mean(runs["agreement/iterations:" + std::to_string(agreements) + "/manual_time"]);
     std::printf("\n| model | hand-written MPI step (ms) | cohort step (ms) | cohort overhead | cohort without the agreement (ms) "
                 "| agreement's share of the step | one agreement alone, share of the cohort step |\n"
                 "|---|---:|---:|---:|---:|---:|---:|\n");
     for (char const* m : {"cnn", "mlp"}) {
-      std::string const iters = m[0] == 'c' ? "40" : "400";
+      std::string const iters = std::to_string(m[0] == 'c' ? cnn_steps : mlp_steps);
       double hw = mean(runs[std::string(m) + "/handwritten/iterations:" + iters + "/manual_time"]);
       double co = mean(runs[std::string(m) + "/cohort/iterations:" + iters + "/manual_time"]);
       double no = mean(runs[std::string(m) + "/cohort_without_agreement/iterations:" + iters + "/manual_time"]);
@@ -158,5 +161,5 @@ int main(int argc, char** argv) {
     }
     std::printf("\none agreement (start + finish, slowest rank): %.1f us\n", agree * 1e6);
   }}.fit(nlohmann::json::object(), {.name = "", .storage_path = "/tmp/cohort_bench", .verbose = 0});
-  return 0;
+  return cohort_bench::exit_status(result);
 }

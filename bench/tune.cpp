@@ -1,5 +1,5 @@
 // Tuner bookkeeping with a no-op objective: what the tuner itself costs per trial and per result.
-//   mpirun -np 2 ./bench_tune [google-benchmark flags]   (storage: $TMPDIR or /tmp)
+//   mpirun -np 2 ./bench_tune [--smoke] [google-benchmark flags]   (storage: $TMPDIR or /tmp)
 //   trials/N     N trials of one report each, ranks_per_trial 1: wall time / N is the cost of a
 //                trial (suggest, assign, trainer setup, trial directory, params.json, result.json,
 //                progress.csv, scheduler, completion); reported as ms_per_trial
@@ -28,7 +28,7 @@ void trials(benchmark::State& state) {
       cohort::tuner tuner{fn, cohort::tune_config{.metric = "score", .num_samples = n, .status_interval_s = 1e9}};
       auto grid = tuner.fit(cohort::space{{"x", cohort::uniform(0, 1)}},
                             {.name = "trials_" + std::to_string(g_run++), .storage_path = g_dir.string(), .verbose = 0});
-      if (!grid.ok() || grid.size() != n) state.SkipWithError("the experiment failed");
+      if (!grid.ok() || grid.size() != n) cohort_bench::fail(state, "the trials experiment failed: " + grid.error.value_or("not every trial finished"));
     });
     state.SetIterationTime(s);
     state.counters["ms_per_trial"] = s * 1e3 / static_cast<double>(n);
@@ -48,7 +48,7 @@ void results(benchmark::State& state) {
                           cohort::tune_config{.metric = "score", .status_interval_s = 1e9}};
       auto grid = tuner.fit(cohort::space{{"x", cohort::grid_search({1.0, 2.0, 3.0, 4.0})}},
                             {.name = "results_" + std::to_string(g_run++), .storage_path = g_dir.string(), .verbose = 0});
-      if (!grid.ok()) state.SkipWithError("the experiment failed");
+      if (!grid.ok()) cohort_bench::fail(state, "the results experiment failed: " + grid.error.value_or("?"));
       for (auto const& t : grid.trials) total += t.metrics_history.size();
     });
     state.SetIterationTime(s);
@@ -60,18 +60,19 @@ void results(benchmark::State& state) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort_bench::take_smoke_flag(argc, argv);
   cohort::environment env{argc, argv};
   benchmark::Initialize(&argc, argv);
   long pid = getpid();
   MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
   char const* tmp = std::getenv("TMPDIR");
   g_dir = std::filesystem::path(tmp ? tmp : "/tmp") / ("cohort_bench_tune_" + std::to_string(pid));
-  benchmark::RegisterBenchmark("trials", trials)->Arg(10'000)->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
-  benchmark::RegisterBenchmark("results", results)->Arg(25'000)->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
+  benchmark::RegisterBenchmark("trials", trials)->Arg(cohort_bench::full_or_smoke(10'000, 20))->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
+  benchmark::RegisterBenchmark("results", results)->Arg(cohort_bench::full_or_smoke(25'000, 40))->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
   cohort_bench::run_all();
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) std::filesystem::remove_all(g_dir);
-  return 0;
+  return cohort_bench::failed ? 1 : 0;
 }
