@@ -182,20 +182,38 @@ TEST_CASE("a trial that throws is an ERROR trial; the others go on", "[tuning][m
 
 namespace {
 
+/// Waits (at most 60 s) until one of `files` exists: an event between trial groups, which a
+/// timing on a busy machine could miss.
+void wait_for_file(std::initializer_list<std::filesystem::path> files) {
+  auto const until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  auto any = [&] { return std::ranges::any_of(files, [](auto const& f) { return std::filesystem::exists(f); }); };
+  while (!any() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+
 /// A class trainable for PBT: `score` grows by lr each step. Its checkpoint holds (steps, score);
 /// the first step after loading one reports what it loaded, so the test can find the donor.
+/// With `meeting` set (two or more groups), events order the trials so that an exploit must
+/// happen: a fast trial (lr >= 0.5) marks "fast_at_2" once the tuner has its score at step 2 (its
+/// perturbation point) and then, before step 4, waits until a slow trial has had its own step 2
+/// decided ("slow_decided", or "exploited" when it loaded a checkpoint), so it is still running and
+/// ahead when that happens; a slow trial waits for "fast_at_2" before its step 2.
 struct climber {
   double lr = 0;
   int steps = 0;
   double score = 0;
   nlohmann::json loaded = nullptr;
+  std::filesystem::path meeting{};
 
   void setup(nlohmann::json const& config) { lr = config.at("lr").get<double>(); }
   nlohmann::json step() {
-    // Fast climbers (lr >= 0.5) take many short steps, slow ones few long steps: a slow trial
-    // reaches its perturbation points while a fast one is still running, ahead of it.
     bool const fast = lr >= 0.5;
-    std::this_thread::sleep_for(std::chrono::milliseconds(fast ? 10 : 40));
+    if (!meeting.empty()) {
+      // Each step() begins after the previous step's report came back with the tuner's decision.
+      if (fast && steps == 2) std::ofstream(meeting / "fast_at_2");
+      if (fast && steps == 3) wait_for_file({meeting / "slow_decided", meeting / "exploited"});
+      if (!fast && steps == 1) wait_for_file({meeting / "fast_at_2"});
+      if (!fast && steps == 2) std::ofstream(meeting / "slow_decided");
+    }
     ++steps;
     score += lr;
     nlohmann::json r{{"score", score}, {"steps", steps}, {"lr", lr}, {"done", steps >= (fast ? 40 : 8)}};
@@ -209,6 +227,7 @@ struct climber {
     loaded = nlohmann::json::parse(std::ifstream(dir / "state.json"));
     steps = loaded.at("steps").get<int>();
     score = loaded.at("score").get<double>();
+    if (!meeting.empty()) std::ofstream(meeting / "exploited");
   }
 };
 
@@ -216,7 +235,11 @@ struct climber {
 
 TEST_CASE("PBT restarts a bottom trial from a copy of a top trial's checkpoint with a perturbed config", "[tuning][mpi]") {
   auto const storage = cohort_test::scratch("tune_pbt");
-  cohort::tuner tuner{climber{},
+  // One group runs the trials one after another: nothing to order, and no trial to exploit.
+  auto const meeting = storage / "meeting";
+  if (world_size() >= 2 && world_rank() == 0) std::filesystem::create_directories(meeting);
+  MPI_Barrier(MPI_COMM_WORLD);
+  cohort::tuner tuner{climber{.meeting = world_size() >= 2 ? meeting : std::filesystem::path{}},
                       cohort::schedule::pbt{.perturbation_interval = 2,
                                             .hyperparam_mutations = {{"lr", cohort::schedule::mutation::range{.low = 0.01, .high = 10}}},
                                             .quantile_fraction = 0.5,
@@ -250,7 +273,7 @@ TEST_CASE("PBT restarts a bottom trial from a copy of a top trial's checkpoint w
       if (world_rank() == 0) CHECK(std::filesystem::exists(t.path / "superseded"));
     }
   }
-  // With two or more groups, trials with lr 0.1 run beside trials with lr 1.0 and fall behind.
+  // With two or more groups, a trial with lr 0.1 reaches step 2 behind a running trial with lr 1.0.
   if (world_size() >= 2) CHECK(exploits >= 1);
 }
 
