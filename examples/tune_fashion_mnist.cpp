@@ -1,6 +1,6 @@
 // Tuning the reference Fashion-MNIST CNN with ASHA inside one MPI job:
 //   mpirun -np 2 ./tune_fashion_mnist [--data DIR] [--samples N] [--max-epochs N] [--max-train N]
-//                                     [--budget-s S] [--storage DIR] [--name NAME]
+//                                     [--budget-s S] [--storage DIR] [--name NAME] [--min-spread D]
 // Each rank runs one trial at a time (ranks_per_trial 1), so two trials train side by side; ASHA
 // stops the poor ones after 1 and 3 epochs. Searched: learning rate, momentum, batch size. Rank 0
 // prints a status table every 30 s and, last, the best trial's config and metrics as one JSON line.
@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   std::int64_t max_train = 0;
   double budget_s = 780;  // running trials stop at their next report after it: the whole run stays under 15 minutes
   cohort::run_config run{.name = "", .storage_path = "cohort_results", .verbose = 1};
+  double min_spread = -std::numeric_limits<double>::infinity();  // --min-spread: see finish_tuning
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--data") data_dir = value;
@@ -44,9 +45,10 @@ int main(int argc, char** argv) {
     else if (flag == "--budget-s") budget_s = std::stod(value);
     else if (flag == "--storage") run.storage_path = value;
     else if (flag == "--name") run.name = value;
+    else if (flag == "--min-spread") min_spread = std::stod(value);
     else {
       std::cerr << "unknown flag " << flag
-                << ": use --data, --samples, --max-epochs, --max-train, --budget-s, --storage or --name\n";
+                << ": use --data, --samples, --max-epochs, --max-train, --budget-s, --storage, --name or --min-spread\n";
       return 2;
     }
   }
@@ -98,5 +100,5 @@ int main(int argc, char** argv) {
                                       {"batch_size", cohort::choice({32, 64, 128})},
                                       {"max_epochs", max_epochs}},
                         run);
-  return finish_tuning(grid);  // 75 when preempted: rerun with the same --name to resume
+  return finish_tuning(grid, min_spread);  // 75 when preempted: rerun with the same --name to resume
 }

@@ -1,6 +1,6 @@
 // A class trainable, the shape of Ray's `tune.Trainable`, tuned with population-based training:
 //   mpirun -np 2 ./tune_trainable [--data DIR] [--population N] [--epochs N] [--max-train N]
-//                                 [--storage DIR] [--name NAME]
+//                                 [--storage DIR] [--name NAME] [--min-spread D]
 // The class has setup(config), step(), save_checkpoint(dir), load_checkpoint(dir) and
 // reset_config(config), as in Ray. Each rank runs one trial at a time; every 2 epochs PBT makes a
 // trial of the bottom quarter continue from a top-quarter trial's checkpoint with its learning rate
@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
   int epochs = 8;
   std::int64_t max_train = 0;
   cohort::run_config run{.name = "", .storage_path = "cohort_results", .verbose = 1};
+  double min_spread = -std::numeric_limits<double>::infinity();  // --min-spread: see finish_tuning
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--data") data_dir = value;
@@ -117,8 +118,9 @@ int main(int argc, char** argv) {
     else if (flag == "--max-train") max_train = std::stoll(value);
     else if (flag == "--storage") run.storage_path = value;
     else if (flag == "--name") run.name = value;
+    else if (flag == "--min-spread") min_spread = std::stod(value);
     else {
-      std::cerr << "unknown flag " << flag << ": use --data, --population, --epochs, --max-train, --storage or --name\n";
+      std::cerr << "unknown flag " << flag << ": use --data, --population, --epochs, --max-train, --storage, --name or --min-spread\n";
       return 2;
     }
   }
@@ -148,5 +150,5 @@ int main(int argc, char** argv) {
                                       {"momentum", cohort::uniform(0.0, 0.99)},
                                       {"batch_size", 64}},
                         run);
-  return finish_tuning(grid);  // 75 when preempted: rerun with the same --name to resume
+  return finish_tuning(grid, min_spread);  // 75 when preempted: rerun with the same --name to resume
 }
