@@ -2,11 +2,15 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 #include "../catch.hpp"
@@ -14,6 +18,45 @@
 
 namespace fs = std::filesystem;
 using namespace cohort::checkpointing;
+
+// A disk that fails fsync: this program's own fsync, which the linker takes over the C library's
+// for every call in it (cohort is header-only, so its writer's calls are this program's). It
+// fails with EIO for the one path armed (the file or directory an fd was opened at) and passes
+// every other call to the kernel.
+namespace fsync_fault {
+std::mutex mutex;
+std::string armed_path;  // empty: nothing fails
+std::atomic<int> failures{0};
+
+/// Arms the fault for `p` (exactly that path) until the guard ends.
+struct armed {
+  explicit armed(fs::path const& p) {
+    std::lock_guard lock(mutex);
+    armed_path = fs::weakly_canonical(p).string();
+    failures = 0;
+  }
+  ~armed() {
+    std::lock_guard lock(mutex);
+    armed_path.clear();
+  }
+};
+}  // namespace fsync_fault
+
+extern "C" int fsync(int fd) {
+  {
+    std::lock_guard lock(fsync_fault::mutex);
+    if (!fsync_fault::armed_path.empty()) {
+      char target[4096];
+      auto const n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), target, sizeof target - 1);
+      if (n > 0 && std::string(target, static_cast<std::size_t>(n)) == fsync_fault::armed_path) {
+        ++fsync_fault::failures;
+        errno = EIO;
+        return -1;
+      }
+    }
+  }
+  return static_cast<int>(::syscall(SYS_fsync, fd));
+}
 
 namespace {
 
@@ -158,6 +201,53 @@ TEST_CASE("a full disk fails cohort's writer with an error naming the file, and 
                                     " (65536 bytes written): check free space"));
   CHECK_FALSE(fs::exists(run / dir_name(2)));
   CHECK(latest_good(run)->path().filename() == dir_name(1));
+}
+
+TEST_CASE("a failed fsync fails cohort's writer or commit with an error naming the path, and loses nothing committed", "[checkpointing][pure]") {
+  // Catches a writer or commit that ignores fsync's result (a checkpoint reported durable that a
+  // power cut could take), and a failure that leaves a partial checkpoint named as committed.
+  auto run = fresh_dir("fsync_fails");
+  commit_one(run, 1, 100);
+  auto const staging = run / ".staging" / dir_name(2);
+  fs::create_directories(staging);
+  auto message_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (cohort::error const& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  SECTION("a large file, synced by write_checked as it is written") {
+    std::string const bytes(large_file_bytes + 1, 'y');
+    fsync_fault::armed fault(staging / "model.bin");
+    CHECK(message_of([&] { write_checked(staging / "model.bin", bytes.data(), bytes.size()); }) ==
+          "fsync of " + (staging / "model.bin").string() + " failed: check free space");
+    CHECK(fsync_fault::failures == 1);
+    CHECK_FALSE(fs::exists(run / dir_name(2)));
+  }
+  SECTION("a small file, synced by commit") {
+    std::string const bytes(100, 'y');
+    write_checked(staging / "state.bin", bytes.data(), bytes.size());
+    fsync_fault::armed fault(staging / "state.bin");
+    CHECK(message_of([&] { commit(staging, run / dir_name(2), {}); }) ==
+          "fsync of " + (staging / "state.bin").string() + " failed: check free space");
+    CHECK(fsync_fault::failures == 1);
+    CHECK_FALSE(fs::exists(run / dir_name(2)));
+  }
+  SECTION("the run directory, after the rename") {
+    std::string const bytes(100, 'y');
+    write_checked(staging / "state.bin", bytes.data(), bytes.size());
+    fsync_fault::armed fault(run);
+    CHECK(message_of([&] { commit(staging, run / dir_name(2), {}); }) ==
+          "fsync of " + run.string() + " failed: check free space");
+    CHECK(fsync_fault::failures == 1);
+    // The rename happened and the checkpoint is whole: a resume may take it, as it verifies.
+    CHECK_FALSE(verify(run / dir_name(2)).has_value());
+  }
+  // Whatever failed, checkpoint 1 is as it was.
+  CHECK_FALSE(verify(run / dir_name(1)).has_value());
+  CHECK(latest_good(run).has_value());
 }
 
 TEST_CASE("manifest names that would lead outside the checkpoint directory are refused", "[checkpointing][pure][bad-input]") {

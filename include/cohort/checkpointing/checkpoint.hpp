@@ -254,8 +254,10 @@ inline void write_checked(std::filesystem::path const& path, void const* data, s
 /// checksum; as write_checked recorded it, else computed from the file) with `metadata` in
 /// manifest.json, makes the files (but those write_checked synced), the manifest and the
 /// directories durable, renames `staging` to `final` and fsyncs the parent. A crash at any point
-/// leaves either no `final` or a complete one. Throws cohort::error (and leaves no `final`) on any
-/// failure.
+/// leaves either no `final` or a complete one. Throws cohort::error on any failure: before the
+/// rename (a write, a file's or directory's fsync) it leaves no `final`; when only the last fsync
+/// (of the parent, after the rename) fails, `final` is complete and verifies, but its name may not
+/// survive a power cut.
 inline void commit(std::filesystem::path const& staging, std::filesystem::path const& final_dir,
                    nlohmann::json const& metadata) {
   namespace fs = std::filesystem;
