@@ -1,9 +1,13 @@
 // The NCCL gradient path of prepare_model on the GPU: buckets as the .grad of each parameter,
 // all-reduced on a side stream behind backward, the optimizer step ordered after them with no host
-// synchronisation. One GPU means one rank (an average over one rank is the gradient itself, so
-// the results must equal a model without the path, bit for bit); the multi-rank logic of the same
-// reducer is tested on CPU over MPI (tests/torch/test_prepare_model.cpp).
+// synchronisation. Each rank on its own GPU (tests/gpu/gpu_main.cpp makes it the current device),
+// every rank on the same data: the average of equal gradients is the gradient itself, so the
+// results must equal a model without the path, bit for bit, at 1 rank and at 2; the multi-rank
+// arithmetic of the same reducer on different data is tested on CPU over MPI
+// (tests/torch/test_prepare_model.cpp).
 #include <cohort/cohort.hpp>
+
+#include <cuda_runtime.h>
 
 #include "../catch.hpp"
 
@@ -32,6 +36,13 @@ void train(mlp& net, int steps) {
   }
 }
 
+/// This rank's CUDA device (gpu_main.cpp set it).
+int current_device() {
+  int d = 0;
+  cudaGetDevice(&d);
+  return d;
+}
+
 }  // namespace
 
 TEST_CASE("the NCCL gradient path averages bucketed gradients on the GPU and orders the step after them", "[gpu][torch]") {
@@ -49,7 +60,7 @@ TEST_CASE("the NCCL gradient path averages bucketed gradients on the GPU and ord
   cohort::model_options options{.bucket_cap_bytes = 64 << 10, .first_bucket_cap_bytes = 4 << 10};
   {
     cohort::detail::gradient_reducer reducer(c, net.parameters(), options, false,
-                                             cohort::detail::make_device_buckets(c, 0, 60'000));
+                                             cohort::detail::make_device_buckets(c, current_device(), 60'000));
     REQUIRE(reducer.num_buckets() >= 3);  // several buckets, some launched mid-backward, some grouped
     train(net, 5);
     train(plain, 5);
@@ -62,7 +73,7 @@ TEST_CASE("the NCCL gradient path averages bucketed gradients on the GPU and ord
   // of one), so after one step each parameter moved by -lr * bf16(grad) exactly.
   options.compression = cohort::gradient_compression::bfloat16;
   cohort::detail::gradient_reducer reducer(c, net.parameters(), options, false,
-                                           cohort::detail::make_device_buckets(c, 0, 60'000));
+                                           cohort::detail::make_device_buckets(c, current_device(), 60'000));
   auto x = torch::randn({32, 64}, torch::kCUDA);
   auto y = torch::randint(0, 10, {32}, torch::kCUDA);
   for (auto& p : net.parameters()) p.mutable_grad() = torch::Tensor();
@@ -85,6 +96,8 @@ TEST_CASE("prepare_model on scaling::cuda trains on the rank's GPU", "[gpu][torc
                            cohort::scaling::cuda{}}
                .fit(nlohmann::json::object(), {.name = "gpu_prepare", .storage_path = "/tmp/cohort-gpu-tests", .verbose = 0});
   REQUIRE(r.ok());
-  CHECK(r.return_values.at(0)["on_gpu"] == true);
-  CHECK(r.return_values.at(0)["device"] == "cuda:0");
+  for (std::size_t k = 0; k < r.return_values.size(); ++k) {  // one host: rank k on device k
+    CHECK(r.return_values[k]["on_gpu"] == true);
+    CHECK(r.return_values[k]["device"] == "cuda:" + std::to_string(k));
+  }
 }

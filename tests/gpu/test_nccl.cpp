@@ -1,12 +1,18 @@
 // comm::nccl on the GPU: collectives on device buffers, requests, groups, split, and
-// scaling::cuda's placement. One GPU means one rank here (NCCL refuses two ranks on one device);
-// the multi-rank logic of the same code is exercised on CPU through comm::mpi.
+// scaling::cuda's placement, one rank per GPU (gpu.1ranks, gpu.2ranks where two GPUs are seen).
+// Every rank contributes different values, so at 2 ranks a collective that did nothing fails; at
+// 1 rank (where a reduction is the identity) the tests show what one rank can: the collective is
+// enqueued on the stream set, behind the work already there, and one that cannot complete is an
+// error within its deadline, after which the communicator refuses further calls.
 #include <cohort/comm/nccl.hpp>
 #include <cohort/scaling/cuda.hpp>
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <chrono>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "../catch.hpp"
@@ -33,24 +39,110 @@ struct device_buffer {
   std::size_t n = 0;
 };
 
-cohort::comm::nccl world_nccl() { return cohort::comm::nccl(cohort::comm::mpi::world(), 0, {.timeout_ms = 60'000}); }
+/// The world's NCCL communicator, each rank on its own device (the tests run on one host).
+cohort::comm::nccl world_nccl(int timeout_ms = 60'000) {
+  auto world = cohort::comm::mpi::world();
+  int const device = world.rank() % cohort::scaling::visible_cuda_devices();
+  return cohort::comm::nccl(world, device, {.timeout_ms = timeout_ms});
+}
+
+/// Holds a CUDA stream: work enqueued behind it waits until release() (or the destructor).
+struct stream_gate {
+  explicit stream_gate(cudaStream_t s) {
+    REQUIRE(cudaLaunchHostFunc(s, [](void* open) { while (!static_cast<std::atomic<bool>*>(open)->load()) {} }, &open) == cudaSuccess);
+  }
+  stream_gate(stream_gate const&) = delete;
+  stream_gate& operator=(stream_gate const&) = delete;
+  ~stream_gate() { release(); }
+  void release() { open = true; }
+  std::atomic<bool> open{false};
+};
 
 }  // namespace
 
 TEST_CASE("NCCL all-reduce sums device buffers in place, in stream order", "[gpu][nccl]") {
   auto c = world_nccl();
+  float const n = static_cast<float>(c.size());
+  // Rank r holds (r + 1) * i: the sum over ranks is i * n (n + 1) / 2.
   std::vector<float> values(1 << 20);
   std::iota(values.begin(), values.end(), 0.0f);
-  device_buffer<float> buf(values);
+  std::vector<float> mine(values);
+  for (auto& v : mine) v *= static_cast<float>(c.rank() + 1);
+  device_buffer<float> buf(mine);
   c.allreduce(buf.ptr, buf.n, cohort::comm::reduce_op::sum);
   auto got = buf.host();
-  for (std::size_t i = 0; i < values.size(); i += 4099) CHECK(got[i] == values[i] * static_cast<float>(c.size()));
+  for (std::size_t i = 0; i < values.size(); i += 4099) CHECK(got[i] == values[i] * n * (n + 1) / 2);
 
-  device_buffer<std::int64_t> ints(std::vector<std::int64_t>{3, -1, 7});
+  std::int64_t const r = c.rank(), size = c.size();
+  device_buffer<std::int64_t> ints(std::vector<std::int64_t>{3 + r, -1 - r, 7 * (r + 1)});
   auto req = c.iallreduce(ints.ptr, ints.n, cohort::comm::reduce_op::max);
   req.wait();
   CHECK(req.test());
-  CHECK(ints.host() == std::vector<std::int64_t>{3, -1, 7});
+  CHECK(ints.host() == std::vector<std::int64_t>{3 + size - 1, -1, 7 * size});
+}
+
+TEST_CASE("an NCCL collective is enqueued on the stream set, behind the work already there", "[gpu][nccl]") {
+  auto c = world_nccl();
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  c.set_stream(s);
+  device_buffer<float> buf(std::vector<float>(256, 1.0f));
+  std::vector<float> const fives(256, 5.0f);
+  {
+    stream_gate gate(s);
+    // Behind the gate: the copy of 5s, then the all-reduce. A collective run at once, on the host
+    // or on another stream, would sum the 1s, or be complete before the gate opens.
+    REQUIRE(cudaMemcpyAsync(buf.ptr, fives.data(), fives.size() * sizeof(float), cudaMemcpyHostToDevice, s) == cudaSuccess);
+    auto req = c.iallreduce(buf.ptr, buf.n, cohort::comm::reduce_op::sum);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK_FALSE(req.test());
+    gate.release();
+    req.wait();
+    CHECK(req.test());
+  }
+  auto got = buf.host();
+  CHECK(got[0] == 5.0f * static_cast<float>(c.size()));
+  CHECK(got[255] == 5.0f * static_cast<float>(c.size()));
+  c.set_stream(nullptr);
+  cudaStreamDestroy(s);
+}
+
+TEST_CASE("an NCCL collective that cannot complete is an error within its deadline, and the communicator then refuses calls", "[gpu][nccl]") {
+  auto c = world_nccl(300);
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  c.set_stream(s);
+  device_buffer<float> buf(std::vector<float>(16, 1.0f));
+  auto gate = std::make_unique<stream_gate>(s);  // the collective cannot start: as if a peer never came
+  // Opened after 5 s whatever happens, so that a wait() that does not give up (the regression this
+  // catches) is a failure below, not a hang.
+  std::thread opener([&gate] {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    gate->release();
+  });
+  auto const t0 = std::chrono::steady_clock::now();
+  auto req = c.iallreduce(buf.ptr, buf.n, cohort::comm::reduce_op::sum);
+  std::string message = "no error";
+  try {
+    req.wait();
+  } catch (cohort::error const& e) {
+    message = e.what();
+  }
+  auto const waited = std::chrono::steady_clock::now() - t0;
+  gate->release();
+  opener.join();
+  CHECK_THAT(message, contains_text("did not complete within 300 ms"));
+  CHECK_THAT(message, contains_text("the NCCL communicator was aborted"));
+  CHECK(waited < std::chrono::seconds(4));
+  std::string later = "no error";
+  try {
+    c.allreduce(buf.ptr, buf.n, cohort::comm::reduce_op::sum);
+  } catch (cohort::error const& e) {
+    later = e.what();
+  }
+  CHECK_THAT(later, contains_text("this NCCL communicator was aborted"));
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
 }
 
 TEST_CASE("NCCL broadcast, all-gather, barrier and grouped calls", "[gpu][nccl]") {
@@ -82,9 +174,17 @@ TEST_CASE("a split NCCL communicator has its own ranks", "[gpu][nccl]") {
   auto alone = c.split(c.rank(), 0);
   CHECK(alone.size() == 1);
   CHECK(alone.rank() == 0);
-  device_buffer<double> v(std::vector<double>{1.5});
+  device_buffer<double> v(std::vector<double>{1.5 + c.rank()});
   alone.allreduce(v.ptr, 1, cohort::comm::reduce_op::sum);
-  CHECK(v.host()[0] == 1.5);
+  CHECK(v.host()[0] == 1.5 + c.rank());
+  // Reversed order (key = -rank): the world's last rank is rank 0 of the split, and a sum over
+  // it sees every rank's value.
+  auto reversed = c.split(0, -c.rank());
+  CHECK(reversed.size() == c.size());
+  CHECK(reversed.rank() == c.size() - 1 - c.rank());
+  device_buffer<double> w(std::vector<double>{static_cast<double>(c.rank() + 1)});
+  reversed.allreduce(w.ptr, 1, cohort::comm::reduce_op::sum);
+  CHECK(w.host()[0] == c.size() * (c.size() + 1) / 2.0);
 }
 
 TEST_CASE("scaling::cuda places each local rank on its own visible GPU", "[gpu][scaling]") {
