@@ -1,6 +1,6 @@
 // Loader throughput and the data-wait share of a training step, with and without prefetch, on
-// Fashion-MNIST (the dataset-fashion-mnist package, or FASHION_MNIST_DIR).
-//   mpirun -np 2 ./bench_data_loader [--smoke] [google-benchmark flags]
+// Fashion-MNIST (the dataset-fashion-mnist package's folder, or the one --data names).
+//   mpirun -np 2 ./bench_data_loader [--smoke] [--data DIR] [google-benchmark flags]
 //   loader/prefetch:P      batches of 64 from this rank's shuffled shard, nothing else (samples/s)
 //   train_step/prefetch:P  the same batches feeding the reference CNN's training step; the counter
 //                          data_wait_share is the share of step time spent waiting for data
@@ -17,9 +17,20 @@ namespace {
 cohort::context* g_ctx = nullptr;
 cohort::tensor_dataset g_train;
 
-cohort::tensor_dataset load_train() {
-  char const* env = std::getenv("FASHION_MNIST_DIR");
-  std::filesystem::path dir = env ? env : "/usr/share/datasets/fashion-mnist";
+/// --data DIR, taken out of argv (before Google Benchmark reads it); else the package's folder.
+std::filesystem::path take_data_flag(int& argc, char** argv) {
+  std::filesystem::path dir = default_fashion_mnist_dir;
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--data" && i + 1 < argc) dir = argv[++i];
+    else argv[kept++] = argv[i];
+  }
+  argc = kept;
+  argv[argc] = nullptr;
+  return dir;
+}
+
+cohort::tensor_dataset load_train(std::filesystem::path const& dir) {
   auto images = cohort::data::read_idx(dir / "train-images-idx3-ubyte.gz");
   auto labels = cohort::data::read_idx(dir / "train-labels-idx1-ubyte.gz");
   auto n = images.dims[0];
@@ -80,9 +91,10 @@ void train_step(benchmark::State& state) {
 
 int main(int argc, char** argv) {
   cohort_bench::take_smoke_flag(argc, argv);
+  auto const data_dir = take_data_flag(argc, argv);
   cohort::environment env{argc, argv};
   benchmark::Initialize(&argc, argv);
-  g_train = load_train();
+  g_train = load_train(data_dir);
   for (int p : {0, 4}) {
     benchmark::RegisterBenchmark("loader", loader)->ArgName("prefetch")->Arg(p)->Iterations(cohort_bench::full_or_smoke(5, 1))->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("train_step", train_step)->ArgName("prefetch")->Arg(p)->Iterations(cohort_bench::full_or_smoke(3, 1))->UseManualTime()->Unit(benchmark::kMillisecond);

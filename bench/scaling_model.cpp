@@ -7,7 +7,7 @@
 // inputs: until they are measured on the GPU machine and passed as flags, the defaults are
 // estimates, and the output says so on every line that uses them.
 #include <cohort/scaling/projection.hpp>
-#include <cohort/torch/bucket_plan.hpp>
+#include <cohort/gradients/bucket_plan.hpp>
 
 #include <nlohmann/json.hpp>
 

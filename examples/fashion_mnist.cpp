@@ -27,35 +27,18 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(config, lr, momentum, batch_size
 
 int main(int argc, char** argv) {
   cohort::environment env{argc, argv};
-  config cfg;
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  if (char const* d = std::getenv("FASHION_MNIST_DIR")) data_dir = d;
-  std::int64_t max_train = 0;  // 0: all 60000 training images
-  cohort::run_config run{.name = "", .storage_path = "cohort_results"};
-  int workers = 2;  // the rank count mpirun must start
-  double min_test_accuracy = 0;  // exit 1 when the final test accuracy is below it
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--data") data_dir = value;
-    else if (flag == "--epochs") cfg.epochs = std::stoi(value);
-    else if (flag == "--max-train") max_train = std::stoll(value);
-    else if (flag == "--storage") run.storage_path = value;
-    else if (flag == "--name") run.name = value;
-    else if (flag == "--workers") workers = std::stoi(value);
-    else if (flag == "--min-test-accuracy") min_test_accuracy = std::stod(value);
-    else {
-      std::cerr << "unknown flag " << flag << ": use --data, --epochs, --max-train, --storage, --name, --workers or --min-test-accuracy\n";
-      return 2;
-    }
-  }
+  auto const flags = parse_fashion_flags(argc, argv);
+  if (!flags) return 2;
+  config cfg{.epochs = flags->epochs};
+  cohort::run_config run{.name = flags->name, .storage_path = flags->storage};
 
   // Every rank reads the files (no communication), so a missing file is reported on every rank.
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   cohort::tensor_dataset train_set, test_set;
   try {
-    train_set = first_n(load_fashion_mnist(data_dir, "train"), max_train);
-    test_set = load_fashion_mnist(data_dir, "t10k");
+    train_set = first_n(load_fashion_mnist(flags->data_dir, "train"), flags->max_train);
+    test_set = load_fashion_mnist(flags->data_dir, "t10k");
   } catch (cohort::error const& e) {
     std::cerr << ("[cohort] rank " + std::to_string(rank) + ": error: " + e.what() + "\n");
     return 1;
@@ -82,12 +65,12 @@ int main(int argc, char** argv) {
 
   run.checkpoint_mode = cohort::checkpoint_mode::async;
   cohort::trainer trainer{loop, cohort::datasets{{"train", train_set}, {"test", test_set}},
-                          cohort::scaling::cpu{.num_workers = workers}, cohort::sharding::shuffled{.seed = 42},
+                          cohort::scaling::cpu{.num_workers = flags->workers}, cohort::sharding::shuffled{.seed = 42},
                           cohort::checkpointing::keep_best{.num_to_keep = 2, .metric = "test_accuracy", .order = cohort::max}};
   auto result = trainer.fit(cfg, run);
   if (result.preempted) return cohort::exit_code_preempted;
   if (!result.ok()) return 1;
-  if (below_accuracy_floor(result.metrics, min_test_accuracy)) return 1;
+  if (below_accuracy_floor(result.metrics, flags->min_test_accuracy)) return 1;
   if (rank == 0) {
     auto final_metrics = result.metrics;
     final_metrics["run_path"] = result.path.string();

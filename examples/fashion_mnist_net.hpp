@@ -9,6 +9,8 @@
 #include <torch/torch.h>
 
 #include <iostream>
+#include <optional>
+#include <string>
 
 struct fashion_netImpl : torch::nn::Module {
   fashion_netImpl()
@@ -102,13 +104,57 @@ double test_accuracy(cohort::context& ctx, Net& net, cohort::tensor_dataset cons
   return static_cast<double>(correct) / static_cast<double>(n);
 }
 
-/// The examples' --min-test-accuracy: true, after one line on rank 0's stderr, when the run's
+/// The examples' --min-test-accuracy: true, after one line on every rank's stderr, when the run's
 /// final test accuracy (the same on every rank) is below `floor`.
 inline bool below_accuracy_floor(nlohmann::json const& metrics, double floor) {
   double const got = metrics.value("test_accuracy", 0.0);
   if (got >= floor) return false;
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) std::cerr << "error: test accuracy " << got << " is below --min-test-accuracy " << floor << "\n";
+  std::cerr << ("[cohort] rank " + std::to_string(rank) + ": error: test accuracy " + std::to_string(got) +
+                " is below --min-test-accuracy " + std::to_string(floor) + ": train longer (--epochs, --max-train)\n");
   return true;
+}
+
+/// Where the Debian package dataset-fashion-mnist puts the files; --data names another folder.
+inline std::string const default_fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
+
+/// The command line of the two Fashion-MNIST programs (fashion_mnist.cpp on fit_loop,
+/// fashion_mnist_manual.cpp by hand):
+///   [--data DIR] [--epochs N] [--max-train N] [--storage DIR] [--name NAME] [--workers N]
+///   [--min-test-accuracy A]
+struct fashion_flags {
+  std::string data_dir = default_fashion_mnist_dir;
+  int epochs = 4;
+  std::int64_t max_train = 0;         ///< 0: all 60,000 training images
+  std::string storage = "cohort_results";
+  std::string name{};                 ///< the run's name; a rerun of the same name resumes it
+  int workers = 2;                    ///< the rank count mpirun must start
+  double min_test_accuracy = 0;       ///< exit 1 when the final test accuracy is below it
+};
+
+/// Reads the flags above; nothing (after one line on stderr naming the flags) for an unknown
+/// flag, a flag without its value, or a value that is not a number where one is needed.
+inline std::optional<fashion_flags> parse_fashion_flags(int argc, char** argv) {
+  fashion_flags f;
+  for (int i = 1; i < argc; i += 2) {
+    std::string const flag = argv[i];
+    try {
+      if (i + 1 >= argc) throw std::invalid_argument("no value");
+      std::string const value = argv[i + 1];
+      if (flag == "--data") f.data_dir = value;
+      else if (flag == "--epochs") f.epochs = std::stoi(value);
+      else if (flag == "--max-train") f.max_train = std::stoll(value);
+      else if (flag == "--storage") f.storage = value;
+      else if (flag == "--name") f.name = value;
+      else if (flag == "--workers") f.workers = std::stoi(value);
+      else if (flag == "--min-test-accuracy") f.min_test_accuracy = std::stod(value);
+      else throw std::invalid_argument("unknown");
+    } catch (std::exception const&) {
+      std::cerr << "bad flag " << flag << " (or its value): use --data DIR, --epochs N, --max-train N, --storage DIR, "
+                                          "--name NAME, --workers N or --min-test-accuracy A\n";
+      return std::nullopt;
+    }
+  }
+  return f;
 }

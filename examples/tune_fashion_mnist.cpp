@@ -28,8 +28,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(trial_config, lr, momentum, batc
 
 int main(int argc, char** argv) {
   cohort::environment env{argc, argv};
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  if (char const* d = std::getenv("FASHION_MNIST_DIR")) data_dir = d;
+  std::string data_dir = default_fashion_mnist_dir;
   std::size_t samples = 6;
   int max_epochs = 5;
   std::int64_t max_train = 0;

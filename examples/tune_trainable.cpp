@@ -103,8 +103,7 @@ static_assert(cohort::resettable_trainable<fashion_mlp_trainable>);
 
 int main(int argc, char** argv) {
   cohort::environment env{argc, argv};
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  if (char const* d = std::getenv("FASHION_MNIST_DIR")) data_dir = d;
+  std::string data_dir = default_fashion_mnist_dir;
   std::size_t population = 4;
   int epochs = 8;
   std::int64_t max_train = 0;

@@ -67,7 +67,7 @@ every_rank() { local r; for ((r = 0; r < ranks; r++)); do patterns+=("rank $r: e
 skipped() { patterns+=("warning: skipping checkpoint $ck: $1" "resumed from checkpoint_000001"); expect=ok; moved_aside=1; }
 train=(--storage "$dir/runs" --epochs 3)
 data_file="" search=(--search --storage "$dir/runs")
-fmnist=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
+fmnist=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}  # the variable: another copy of the files
 fm() { ranks=2 data_file=$1 damage=$2; }  # FILE of the Fashion-MNIST folder, and what replaces it
 csv() { printf "$1" >"$dir/data.csv"; args=(--csv "$dir/data.csv" --storage "$dir/runs"); }
 case $what in

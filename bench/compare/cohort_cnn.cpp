@@ -19,7 +19,7 @@
 namespace {
 
 struct settings {
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string data_dir = default_fashion_mnist_dir;
   int epochs = 1;
   std::int64_t max_train = 0;
   int batch = 64;

@@ -34,8 +34,8 @@
 #include "cohort/sharding/policies.hpp"
 #include "cohort/sharding/redeal.hpp"
 #include "cohort/sharding/views.hpp"
-#include "cohort/torch/bucket_plan.hpp"
-#include "cohort/torch/model_options.hpp"
+#include "cohort/gradients/bucket_plan.hpp"
+#include "cohort/gradients/model_options.hpp"
 #include "cohort/trainer.hpp"
 
 #if COHORT_WITH_NCCL

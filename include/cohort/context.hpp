@@ -27,7 +27,7 @@
 #include "cohort/sharding/datasets.hpp"
 #include "cohort/sharding/loader_options.hpp"
 #include "cohort/sharding/redeal.hpp"
-#include "cohort/torch/model_options.hpp"
+#include "cohort/gradients/model_options.hpp"
 
 namespace cohort {
 

@@ -22,7 +22,7 @@
 #include "cohort/checkpointing/retained.hpp"
 #include "cohort/comm/any.hpp"
 #include "cohort/comm/collectives.hpp"
-#include "cohort/detail/background.hpp"
+#include "cohort/detail/background_worker.hpp"
 #include "cohort/detail/lockstep.hpp"
 #include "cohort/detail/stop_signal.hpp"
 #include "cohort/error.hpp"

@@ -508,7 +508,7 @@ class trainer {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (!done()) {
       if (comm::detail::job_alarm().poll() >= 0)  // another rank is ending the job: say why this one stopped
-        comm::detail::abort_job("[cohort] rank " + std::to_string(rank) + ": error: " + failure, false);
+        comm::detail::abort_job("[cohort] rank " + std::to_string(rank) + ": error: " + failure, comm::detail::other_ranks::already_know);
       if (std::chrono::steady_clock::now() > deadline)
         comm::detail::abort_job("[cohort] rank " + std::to_string(rank) + ": error: " + failure + "\n[cohort] rank " +
                                 std::to_string(rank) + ": the other ranks did not finish within " +

@@ -17,6 +17,8 @@
 
 namespace {
 
+/// The Fashion-MNIST folder: the Debian package's, or FASHION_MNIST_DIR (a test takes no flags;
+/// the variable is for running the tests against another copy of the files).
 std::filesystem::path fashion_dir() {
   char const* d = std::getenv("FASHION_MNIST_DIR");
   return d ? d : "/usr/share/datasets/fashion-mnist";

@@ -1,5 +1,5 @@
 #include <cohort/scaling/projection.hpp>
-#include <cohort/torch/bucket_plan.hpp>
+#include <cohort/gradients/bucket_plan.hpp>
 
 #include <array>
 #include <numeric>

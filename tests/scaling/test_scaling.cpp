@@ -1,5 +1,5 @@
 #include <cohort/concepts.hpp>
-#include <cohort/detail/background.hpp>
+#include <cohort/detail/background_worker.hpp>
 #include <cohort/scaling/cpu_set.hpp>
 #include <cohort/scaling/cpu.hpp>
 #include <cohort/scaling/cuda.hpp>

@@ -1,4 +1,4 @@
-#include <cohort/concepts.hpp>
+#include <cohort/tuning/concepts.hpp>
 #include <cohort/tuning/searchers.hpp>
 
 #include <algorithm>

@@ -21,7 +21,7 @@
 
 #include "cohort/checkpointing/checkpoint.hpp"
 #include "cohort/checkpointing/policies.hpp"
-#include "cohort/detail/background_thread.hpp"
+#include "cohort/detail/thread_start.hpp"
 
 namespace cohort {
 

@@ -121,14 +121,7 @@ class any {
     virtual ~base() = default;
     virtual int rank() const = 0;
     virtual int size() const = 0;
-    COHORT_ANY_REDUCE(float)
-    COHORT_ANY_REDUCE(double)
-    COHORT_ANY_REDUCE(bfloat16)
-    COHORT_ANY_REDUCE(float16)
-    COHORT_ANY_REDUCE(std::int32_t)
-    COHORT_ANY_REDUCE(std::int64_t)
-    COHORT_ANY_REDUCE(std::uint8_t)
-    COHORT_ANY_REDUCE(std::uint64_t)
+    COHORT_REDUCIBLE_TYPES(COHORT_ANY_REDUCE)
     virtual void broadcast(std::byte* d, std::size_t b, int root) = 0;
     virtual void allgather(std::byte const* s, std::size_t b, std::byte* r) = 0;
     virtual void barrier() = 0;
@@ -153,14 +146,7 @@ class any {
     }
     int rank() const override { return get().rank(); }
     int size() const override { return get().size(); }
-    COHORT_ANY_REDUCE(float)
-    COHORT_ANY_REDUCE(double)
-    COHORT_ANY_REDUCE(bfloat16)
-    COHORT_ANY_REDUCE(float16)
-    COHORT_ANY_REDUCE(std::int32_t)
-    COHORT_ANY_REDUCE(std::int64_t)
-    COHORT_ANY_REDUCE(std::uint8_t)
-    COHORT_ANY_REDUCE(std::uint64_t)
+    COHORT_REDUCIBLE_TYPES(COHORT_ANY_REDUCE)
     void broadcast(std::byte* d, std::size_t b, int root) override { get().broadcast(d, b, root); }
     void allgather(std::byte const* s, std::size_t b, std::byte* r) override { get().allgather(s, b, r); }
     void barrier() override { get().barrier(); }

@@ -152,15 +152,21 @@ inline constexpr auto long_wait = std::chrono::milliseconds(100);
 /// waits: mpirun sends SIGTERM to every rank when one dies, and SIGKILL 1 s later.
 inline constexpr auto signal_grace = std::chrono::milliseconds(300);
 
-/// Prints `line`, raises the alarm and aborts the job. The first caller in the process does;
-/// any other thread arriving here waits for the abort.
-[[noreturn]] inline void abort_job(std::string const& line, bool alarm_others = true) {
+/// Whether abort_job raises the job's alarm first, so that the other ranks say why they stop.
+enum class other_ranks {
+  alarmed,       ///< raise the alarm: a failure they do not know of
+  already_know,  ///< no alarm: they reached the same failure, or raised the alarm themselves
+};
+
+/// Prints `line`, raises the alarm (unless `others` already know) and aborts the job. The first
+/// caller in the process does; any other thread arriving here waits for the abort.
+[[noreturn]] inline void abort_job(std::string const& line, other_ranks others = other_ranks::alarmed) {
   static std::atomic<bool> aborting{false};
   if (aborting.exchange(true))
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   auto const text = line + "\n";
   [[maybe_unused]] auto written = ::write(2, text.data(), text.size());
-  if (alarm_others) {
+  if (others == other_ranks::alarmed) {
     job_alarm().raise();
     std::this_thread::sleep_for(alarm_grace);
   }
@@ -196,7 +202,7 @@ inline void wait_all(MPI_Request* requests, int n, collective const& what, int t
       abort_job("[cohort] rank " + std::to_string(world_rank()) + ": error: rank " + std::to_string(from) +
                     " is ending the job (see its error) while this rank waits in " + describe(what) +
                     position_suffix(position()()) + ": aborting",
-                false);
+                other_ranks::already_know);
     if (int const s = cohort::detail::stop_signal().load(); s != 0 && !told) {
       if (signalled == clock::time_point{}) signalled = now;
       if (now - signalled > signal_grace) {

@@ -37,13 +37,17 @@ concept half_float = std::same_as<T, bfloat16> || std::same_as<T, float16>;
 
 template <class T>
 MPI_Datatype mpi_type() {
+  static_assert(reducible<T>, "mpi_type: not one of COHORT_REDUCIBLE_TYPES");
   if constexpr (std::same_as<T, float>) return MPI_FLOAT;
   else if constexpr (std::same_as<T, double>) return MPI_DOUBLE;
   else if constexpr (half_float<T>) return MPI_UINT16_T;  // reduced by the user operations of mpi_op_for
   else if constexpr (std::same_as<T, std::int32_t>) return MPI_INT32_T;
   else if constexpr (std::same_as<T, std::int64_t>) return MPI_INT64_T;
   else if constexpr (std::same_as<T, std::uint8_t>) return MPI_UINT8_T;
-  else return MPI_UINT64_T;
+  else {
+    static_assert(std::same_as<T, std::uint64_t>, "mpi_type: a type of COHORT_REDUCIBLE_TYPES without its MPI type");
+    return MPI_UINT64_T;
+  }
 }
 
 inline MPI_Op mpi_op(reduce_op op) {
@@ -254,16 +258,23 @@ struct mpi_options {
   char const* name = "world";
 };
 
+/// Whether a comm::mpi frees its MPI communicator when it ends.
+enum class ownership {
+  borrowed,  ///< someone else frees it (MPI_COMM_WORLD, a user's communicator)
+  owned,     ///< MPI_Comm_free on destruction (what split() returns)
+};
+
 /// The communicator concept over an MPI communicator. `world()` views MPI_COMM_WORLD without
 /// owning it; `split()` returns communicators that free themselves. Move-only. Every collective
 /// is started non-blocking and waited for with the deadline of options().timeout_ms.
 class mpi {
  public:
   /// MPI_COMM_WORLD (not owned). Precondition: MPI is initialised (see cohort::environment).
-  static mpi world() { return mpi(MPI_COMM_WORLD, false); }
+  static mpi world() { return mpi(MPI_COMM_WORLD, ownership::borrowed); }
 
-  /// Wraps `comm`; frees it on destruction when `owned`.
-  mpi(MPI_Comm comm, bool owned, mpi_options options = {}) : comm_(comm), owned_(owned), options_(options) {
+  /// Wraps `comm`; frees it on destruction when `who` is ownership::owned.
+  mpi(MPI_Comm comm, ownership who, mpi_options options = {})
+      : comm_(comm), owned_(who == ownership::owned), options_(options) {
     detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     detail::check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
   }
@@ -384,7 +395,7 @@ class mpi {
     barrier_named("split");
     MPI_Comm out = MPI_COMM_NULL;
     detail::check_mpi(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split");
-    return mpi(out, true, options_);
+    return mpi(out, ownership::owned, options_);
   }
 
  private:

@@ -57,6 +57,7 @@ inline void check_nccl(ncclResult_t code, char const* what) {
 
 template <class T>
 ncclDataType_t nccl_type() {
+  static_assert(reducible<T>, "nccl_type: not one of COHORT_REDUCIBLE_TYPES");
   if constexpr (std::same_as<T, float>) return ncclFloat32;
   else if constexpr (std::same_as<T, double>) return ncclFloat64;
   else if constexpr (std::same_as<T, bfloat16>) return ncclBfloat16;
@@ -64,7 +65,10 @@ ncclDataType_t nccl_type() {
   else if constexpr (std::same_as<T, std::int32_t>) return ncclInt32;
   else if constexpr (std::same_as<T, std::int64_t>) return ncclInt64;
   else if constexpr (std::same_as<T, std::uint8_t>) return ncclUint8;
-  else return ncclUint64;
+  else {
+    static_assert(std::same_as<T, std::uint64_t>, "nccl_type: a type of COHORT_REDUCIBLE_TYPES without its NCCL type");
+    return ncclUint64;
+  }
 }
 
 inline ncclRedOp_t nccl_op(reduce_op op) {

@@ -7,20 +7,25 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cohort/detail/background.hpp"
+#include "cohort/detail/background_worker.hpp"
 #include "cohort/report/flatten.hpp"
 
 namespace cohort::report {
 
-/// Pure: the progress line for one report row, e.g.
-/// `[cohort] fashion iter 3 (12.4 s): loss=0.3121 test_accuracy=0.9012`.
-inline std::string progress_line(std::string const& name, nlohmann::json const& row) {
+/// Pure: the progress line for one report row, given flattened (its keys in flatten() order),
+/// e.g. `[cohort] fashion iter 3 (12.4 s): loss=0.3121 test_accuracy=0.9012`.
+inline std::string progress_line_of_flat(std::string const& name, flat_row const& flat) {
   static char const* const auto_keys[] = {"training_iteration", "time_this_iter_s", "time_total_s", "timestamp"};
+  long long iteration = 0;
+  double total_s = 0;
+  for (auto const& [k, v] : flat) {
+    if (k == "training_iteration" && v.is_number()) iteration = v.get<long long>();
+    if (k == "time_total_s" && v.is_number()) total_s = v.get<double>();
+  }
   char head[128];
-  std::snprintf(head, sizeof head, " iter %lld (%.1f s):", row.value("training_iteration", 0LL),
-                row.value("time_total_s", 0.0));
+  std::snprintf(head, sizeof head, " iter %lld (%.1f s):", iteration, total_s);
   std::string line = "[cohort] " + name + head;
-  for (auto const& [k, v] : flatten(row)) {
+  for (auto const& [k, v] : flat) {
     bool is_auto = false;
     for (auto const* a : auto_keys) is_auto = is_auto || k == a;
     if (is_auto) continue;
@@ -33,6 +38,11 @@ inline std::string progress_line(std::string const& name, nlohmann::json const& 
     }
   }
   return line;
+}
+
+/// The progress line of a row not yet flattened.
+inline std::string progress_line(std::string const& name, nlohmann::json const& row) {
+  return progress_line_of_flat(name, flatten(row));
 }
 
 /// Writes lines to stdout on a background (batch) thread, in order, so that a report does not

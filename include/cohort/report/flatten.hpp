@@ -10,11 +10,13 @@
 
 namespace cohort::report {
 
+/// A flattened row: ("outer/inner" key, leaf value) pairs.
+using flat_row = std::vector<std::pair<std::string, nlohmann::json>>;
+
 /// Pure: nested objects become "outer/inner" keys, in the object's (sorted) key order; arrays and
 /// scalars are leaves.
-inline std::vector<std::pair<std::string, nlohmann::json>> flatten(nlohmann::json const& j,
-                                                                   std::string const& prefix = {}) {
-  std::vector<std::pair<std::string, nlohmann::json>> out;
+inline flat_row flatten(nlohmann::json const& j, std::string const& prefix = {}) {
+  flat_row out;
   if (!j.is_object()) {
     out.emplace_back(prefix, j);
     return out;

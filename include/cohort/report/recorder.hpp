@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cohort/detail/background.hpp"
+#include "cohort/detail/background_worker.hpp"
 #include "cohort/error.hpp"
 #include "cohort/report/console.hpp"
 #include "cohort/report/run_directory.hpp"
@@ -123,9 +123,10 @@ class recorder {
     ++count_;
     ++reports_this_attempt_;
     if (!dir_) return;
-    dir_->append(row);
+    auto const flat = flatten(row);  // once, for progress.csv and the progress line
+    dir_->append(row, flat);
     output out;
-    if (console_) out.line = progress_line(name_, row);
+    if (console_) out.line = progress_line_of_flat(name_, flat);
     if (events_) {
       append_unsealed_event(events_pending_, wall_time_now_s(), row);
       if (console_ || deferred || last_ - events_handed_over_ >= events_hand_over_interval ||

@@ -92,13 +92,16 @@ class run_directory {
   std::vector<nlohmann::json> const& previous_rows() const { return previous_; }
 
   /// Appends one report (already carrying the auto-filled keys) to result.json and progress.csv.
-  void append(nlohmann::json const& row) {
+  void append(nlohmann::json const& row) { append(row, flatten(row)); }
+
+  /// append, given the row already flattened (the recorder flattens each row once, for this and
+  /// the progress line).
+  void append(nlohmann::json const& row, flat_row const& flat) {
     // The files stay open between reports (a report is one write() each, not an open and close:
     // the tuner's results/s benchmark); each line is flushed, so readers see whole rows.
     if (!result_.is_open()) result_.open(path_ / "result.json", std::ios::app);
     result_ << row.dump() << "\n" << std::flush;
     if (!result_) throw cohort::error("could not append to " + (path_ / "result.json").string() + ": check free space");
-    auto flat = flatten(row);
     bool widened = false;
     for (auto const& [k, v] : flat)
       if (std::find(columns_.begin(), columns_.end(), k) == columns_.end()) {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cohort/torch/model_options.hpp"
+#include "cohort/gradients/model_options.hpp"
 
 namespace cohort::scaling {
 

@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/context.hpp"
-#include "cohort/detail/background_thread.hpp"
+#include "cohort/detail/thread_start.hpp"
 #include "cohort/error.hpp"
 #include "cohort/sharding/datasets.hpp"
 #include "cohort/sharding/loader_options.hpp"

@@ -28,7 +28,7 @@
 
 #include "cohort/comm/mpi.hpp"
 #include "cohort/comm/nccl.hpp"
-#include "cohort/detail/background_thread.hpp"
+#include "cohort/detail/thread_start.hpp"
 #endif
 
 namespace cohort::detail {

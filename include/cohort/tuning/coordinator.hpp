@@ -27,7 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/checkpointing/checkpoint.hpp"
-#include "cohort/concepts.hpp"
+#include "cohort/tuning/concepts.hpp"
 #include "cohort/detail/utc_stamp.hpp"
 #include "cohort/error.hpp"
 #include "cohort/report/run_directory.hpp"

@@ -102,22 +102,24 @@ inline experiment_state parse_experiment_state(std::string_view text, std::files
     auto const& j = state["trials"][i];
     auto const field = "trials[" + std::to_string(i) + "]";
     if (!j.is_object()) throw bad("field '" + field + "' is not a JSON object");
-    auto string_of = [&](char const* key, bool required) {
-      if (!j.contains(key)) {
-        if (required) throw bad("field '" + field + "." + key + "' is missing");
-        return std::string{};
-      }
+    // A string field: "" when absent (optional_string), an error (required_string).
+    auto optional_string = [&](char const* key) {
+      if (!j.contains(key)) return std::string{};
       if (!j[key].is_string()) throw bad("field '" + field + "." + key + "' is not a string");
       return j[key].get<std::string>();
     };
+    auto required_string = [&](char const* key) {
+      if (!j.contains(key)) throw bad("field '" + field + "." + key + "' is missing");
+      return optional_string(key);
+    };
     trial_state t;
-    t.id = string_of("id", true);
+    t.id = required_string("id");
     auto const number = trial_number(t.id);
     if (!number) throw bad("field '" + field + ".id' is " + nlohmann::json(t.id).dump() + ", not a trial id like trial_00001");
     if (*number >= out.next_trial)
       throw bad("field '" + field + ".id' is " + t.id + ", not below next_trial " + std::to_string(out.next_trial));
     if (!seen.insert(t.id).second) throw bad("field '" + field + ".id': trial " + t.id + " is listed twice");
-    t.status = string_of("status", true);
+    t.status = required_string("status");
     if (t.status != "PENDING" && t.status != "RUNNING" && t.status != "PAUSED" && t.status != "TERMINATED" && t.status != "ERROR")
       throw bad("field '" + field + ".status' is " + nlohmann::json(t.status).dump() +
                 ", not PENDING, RUNNING, PAUSED, TERMINATED or ERROR");
@@ -125,7 +127,7 @@ inline experiment_state parse_experiment_state(std::string_view text, std::files
     if (!j.contains("last") || !j["last"].is_object()) throw bad("field '" + field + ".last' is missing or not a JSON object");
     t.config = j["config"];
     t.saved_last = j["last"];
-    t.restore_from = string_of("restore_from", false);
+    t.restore_from = optional_string("restore_from");
     if (!t.restore_from.empty()) {
       // PBT's clone of a donor's checkpoint, always made in the trial's own directory: only its
       // name is taken, under this experiment's directory (never a path from the file).
@@ -137,7 +139,7 @@ inline experiment_state parse_experiment_state(std::string_view text, std::files
                   ", not a checkpoint in the trial's own directory " + t.id);
       t.restore_from = (file.parent_path() / t.id / name).string();
     }
-    t.error = string_of("error", false);
+    t.error = optional_string("error");
     out.trials.push_back(std::move(t));
   }
   return out;

@@ -23,7 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cohort/concepts.hpp"
+#include "cohort/tuning/concepts.hpp"
 #include "cohort/error.hpp"
 #include "cohort/tuning/decision.hpp"
 #include "cohort/tuning/search_space.hpp"

@@ -24,7 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/checkpointing/policies.hpp"  // cohort::order
-#include "cohort/concepts.hpp"
+#include "cohort/tuning/concepts.hpp"
 #include "cohort/error.hpp"
 #include "cohort/tuning/decision.hpp"
 

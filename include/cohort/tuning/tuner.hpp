@@ -25,8 +25,8 @@
 
 #include "cohort/comm/collectives.hpp"
 #include "cohort/comm/mpi.hpp"
-#include "cohort/concepts.hpp"
-#include "cohort/detail/background_thread.hpp"
+#include "cohort/tuning/concepts.hpp"
+#include "cohort/detail/thread_start.hpp"
 #include "cohort/environment.hpp"
 #include "cohort/run_config.hpp"
 #include "cohort/trainer.hpp"
@@ -133,7 +133,7 @@ class tuner {
     MPI_Comm comm = MPI_COMM_NULL;
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     int const timeout_ms = std::max(run.collective_timeout_ms, 0);
-    comm::mpi world(comm, true, {.timeout_ms = timeout_ms, .name = "tuner"});
+    comm::mpi world(comm, comm::ownership::owned, {.timeout_ms = timeout_ms, .name = "tuner"});
     int const rank = world.rank(), size = world.size();
     int const per = config_.ranks_per_trial;
     std::optional<std::string> err;

@@ -1,4 +1,4 @@
-#include <cohort/torch/bucket_plan.hpp>
+#include <cohort/gradients/bucket_plan.hpp>
 
 #include <algorithm>
 

@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "cohort/torch/model_options.hpp"
+#include "cohort/gradients/model_options.hpp"
 
 namespace cohort {
 

@@ -18,7 +18,7 @@
 #include <thread>
 #include <utility>
 
-#include "cohort/detail/background_thread.hpp"
+#include "cohort/detail/thread_start.hpp"
 #include "cohort/scaling/cpu_set.hpp"
 
 namespace cohort::detail {
