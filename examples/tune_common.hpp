@@ -22,10 +22,19 @@ inline int finish_tuning(cohort::tuning::result_grid const& grid,
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   // Every rank holds the same grid, so every rank decides alike and names the cause.
-  auto const& best = grid.best_result();
   auto by_worst = grid.objective;
   by_worst.mode = by_worst.mode == cohort::order::max ? cohort::order::min : cohort::order::max;
-  auto const& worst = grid.best_result(by_worst);
+  cohort::tuning::trial_result const* best_trial = nullptr;
+  cohort::tuning::trial_result const* worst_trial = nullptr;
+  try {  // no trial reported the metric (every one failed, say): an error, not std::terminate
+    best_trial = &grid.best_result();
+    worst_trial = &grid.best_result(by_worst);
+  } catch (cohort::error const& e) {
+    std::fprintf(stderr, "[cohort] rank %d: error: %s\n", rank, e.what());
+    return 1;
+  }
+  auto const& best = *best_trial;
+  auto const& worst = *worst_trial;
   double const best_score = best.score(grid.objective), worst_score = worst.score(grid.objective);
   double const spread = grid.objective.mode == cohort::order::max ? best_score - worst_score : worst_score - best_score;
   if (!(spread >= min_spread)) {

@@ -39,22 +39,27 @@ struct device_buffer {
   std::size_t n = 0;
 };
 
-/// The world's NCCL communicator, each rank on its own device (the tests run on one host).
+/// The world's NCCL communicator on this rank's device (gpu_main.cpp made it the current one).
 cohort::comm::nccl world_nccl(int timeout_ms = 60'000) {
-  auto world = cohort::comm::mpi::world();
-  int const device = world.rank() % cohort::scaling::visible_cuda_devices();
-  return cohort::comm::nccl(world, device, {.timeout_ms = timeout_ms});
+  int device = 0;
+  cudaGetDevice(&device);
+  return cohort::comm::nccl(cohort::comm::mpi::world(), device, {.timeout_ms = timeout_ms});
 }
 
-/// Holds a CUDA stream: work enqueued behind it waits until release() (or the destructor).
+/// Holds a CUDA stream: work enqueued behind it waits until release(). The destructor releases it
+/// and waits for the stream, so the flag the host function reads outlives it.
 struct stream_gate {
-  explicit stream_gate(cudaStream_t s) {
+  explicit stream_gate(cudaStream_t s) : stream(s) {
     REQUIRE(cudaLaunchHostFunc(s, [](void* open) { while (!static_cast<std::atomic<bool>*>(open)->load()) {} }, &open) == cudaSuccess);
   }
   stream_gate(stream_gate const&) = delete;
   stream_gate& operator=(stream_gate const&) = delete;
-  ~stream_gate() { release(); }
+  ~stream_gate() {
+    release();
+    cudaStreamSynchronize(stream);
+  }
   void release() { open = true; }
+  cudaStream_t stream;
   std::atomic<bool> open{false};
 };
 
@@ -87,12 +92,15 @@ TEST_CASE("an NCCL collective is enqueued on the stream set, behind the work alr
   REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
   c.set_stream(s);
   device_buffer<float> buf(std::vector<float>(256, 1.0f));
-  std::vector<float> const fives(256, 5.0f);
+  device_buffer<float> fives(std::vector<float>(256, 5.0f));
   {
     stream_gate gate(s);
     // Behind the gate: the copy of 5s, then the all-reduce. A collective run at once, on the host
-    // or on another stream, would sum the 1s, or be complete before the gate opens.
-    REQUIRE(cudaMemcpyAsync(buf.ptr, fives.data(), fives.size() * sizeof(float), cudaMemcpyHostToDevice, s) == cudaSuccess);
+    // or on another stream, would sum the 1s, or be complete before the gate opens. (At 1 rank
+    // NCCL's in-place sum launches nothing, so there this shows the request's event is ordered
+    // on the stream; at 2 ranks it shows the collective itself is.) A device-to-device copy: a
+    // pageable host copy may wait for the held stream on this very thread.
+    REQUIRE(cudaMemcpyAsync(buf.ptr, fives.ptr, buf.n * sizeof(float), cudaMemcpyDeviceToDevice, s) == cudaSuccess);
     auto req = c.iallreduce(buf.ptr, buf.n, cohort::comm::reduce_op::sum);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     CHECK_FALSE(req.test());
@@ -114,10 +122,11 @@ TEST_CASE("an NCCL collective that cannot complete is an error within its deadli
   c.set_stream(s);
   device_buffer<float> buf(std::vector<float>(16, 1.0f));
   auto gate = std::make_unique<stream_gate>(s);  // the collective cannot start: as if a peer never came
-  // Opened after 5 s whatever happens, so that a wait() that does not give up (the regression this
-  // catches) is a failure below, not a hang.
-  std::thread opener([&gate] {
-    std::this_thread::sleep_for(std::chrono::seconds(5));
+  // Opened after 1 s whatever happens, so that a wait() that does not give up (the regression this
+  // catches) ends with no error and fails below, not a hang; the abort may itself wait for the
+  // held stream until then. A jthread: joined (before the gate ends) even if a call throws.
+  std::jthread opener([&gate] {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
     gate->release();
   });
   auto const t0 = std::chrono::steady_clock::now();
@@ -129,7 +138,6 @@ TEST_CASE("an NCCL collective that cannot complete is an error within its deadli
     message = e.what();
   }
   auto const waited = std::chrono::steady_clock::now() - t0;
-  gate->release();
   opener.join();
   CHECK_THAT(message, contains_text("did not complete within 300 ms"));
   CHECK_THAT(message, contains_text("the NCCL communicator was aborted"));
