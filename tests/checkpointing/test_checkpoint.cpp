@@ -210,19 +210,11 @@ TEST_CASE("a failed fsync fails cohort's writer or commit with an error naming t
   commit_one(run, 1, 100);
   auto const staging = run / ".staging" / dir_name(2);
   fs::create_directories(staging);
-  auto message_of = [](auto&& f) -> std::string {
-    try {
-      f();
-    } catch (cohort::error const& e) {
-      return e.what();
-    }
-    return "no error";
-  };
   SECTION("a large file, synced by write_checked as it is written") {
     std::string const bytes(large_file_bytes + 1, 'y');
     fsync_fault::armed fault(staging / "model.bin");
-    CHECK(message_of([&] { write_checked(staging / "model.bin", bytes.data(), bytes.size()); }) ==
-          "fsync of " + (staging / "model.bin").string() + " failed: check free space");
+    CHECK_THROWS_WITH(write_checked(staging / "model.bin", bytes.data(), bytes.size()),
+                      "fsync of " + (staging / "model.bin").string() + " failed: check free space");
     CHECK(fsync_fault::failures == 1);
     CHECK_FALSE(fs::exists(run / dir_name(2)));
   }
@@ -230,8 +222,8 @@ TEST_CASE("a failed fsync fails cohort's writer or commit with an error naming t
     std::string const bytes(100, 'y');
     write_checked(staging / "state.bin", bytes.data(), bytes.size());
     fsync_fault::armed fault(staging / "state.bin");
-    CHECK(message_of([&] { commit(staging, run / dir_name(2), {}); }) ==
-          "fsync of " + (staging / "state.bin").string() + " failed: check free space");
+    CHECK_THROWS_WITH(commit(staging, run / dir_name(2), {}),
+                      "fsync of " + (staging / "state.bin").string() + " failed: check free space");
     CHECK(fsync_fault::failures == 1);
     CHECK_FALSE(fs::exists(run / dir_name(2)));
   }
@@ -239,8 +231,7 @@ TEST_CASE("a failed fsync fails cohort's writer or commit with an error naming t
     std::string const bytes(100, 'y');
     write_checked(staging / "state.bin", bytes.data(), bytes.size());
     fsync_fault::armed fault(run);
-    CHECK(message_of([&] { commit(staging, run / dir_name(2), {}); }) ==
-          "fsync of " + run.string() + " failed: check free space");
+    CHECK_THROWS_WITH(commit(staging, run / dir_name(2), {}), "fsync of " + run.string() + " failed: check free space");
     CHECK(fsync_fault::failures == 1);
     // The rename happened and the checkpoint is whole: a resume may take it, as it verifies.
     CHECK_FALSE(verify(run / dir_name(2)).has_value());
