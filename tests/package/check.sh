@@ -6,6 +6,7 @@
 #   core                consumer runs, and no LibTorch was taken (consumer_torch not built)
 #   nccl                consumer runs, and consumer_nccl was built against NCCL and runs
 #   fail:<text>         the consumer's configure fails, saying <text>
+# The consumer builds at $COHORT_OPT (scripts/test: -O1), else -O3.
 # Further arguments go to the consumer's cmake (e.g. -DTorch_DIR=..., -DCOHORT_CONSUMER_COMPONENTS=nccl).
 #   check.sh <build dir> <work dir> prefix|build <expect> [<cmake argument>...]
 set -euo pipefail
@@ -18,7 +19,7 @@ case "$from" in
   build) where=(-Dcohort_DIR="$build") ;;
   *) echo "error: '$from': say prefix or build" >&2; exit 2 ;;
 esac
-if ! cmake -S "$src" -B "$work/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release "${where[@]}" "$@" >"$work/configure.log" 2>&1; then
+if ! cmake -S "$src" -B "$work/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="${COHORT_OPT:--O3} -DNDEBUG" "${where[@]}" "$@" >"$work/configure.log" 2>&1; then
   if [[ "$expect" == fail:* ]] && grep -qF -- "${expect#fail:}" "$work/configure.log"; then
     echo "ok: find_package(cohort) from the $from failed as expected: ${expect#fail:}"
     exit 0
