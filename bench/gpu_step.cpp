@@ -133,7 +133,7 @@ nlohmann::json measure(cohort::context& ctx, std::string const& name, std::funct
   if (device.is_cuda()) {
     cohort::model_options knobs;
     reducer = std::make_unique<cohort::detail::gradient_reducer>(
-        ctx.comm(), nccl_net->parameters(), knobs, false, cohort::detail::make_device_buckets(ctx.comm(), device.index(), ctx.collective_timeout_ms()));
+        ctx.comm(), nccl_net->parameters(), knobs, cohort::reduce_on::training_thread, cohort::detail::make_device_buckets(ctx.comm(), device.index(), ctx.collective_timeout_ms()));
     variants.push_back({"cohort_nccl", [&] { run_step(nccl_net, *nccl_opt); }, {}});
   }
 #endif

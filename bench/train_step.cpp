@@ -77,10 +77,12 @@ void through_cohort(benchmark::State& state, Make make, bool agree = true) {
   auto w = make();
   auto model = g_ctx->prepare_model(w.net);
   if (!agree && model.reducer()) {
-    bool const thread = cohort::use_communication_thread(cohort::reduce_on::automatic, cohort::scaling::node_cores(),
-                                                         g_ctx->local_world_size());
+    auto const where = cohort::use_communication_thread(cohort::reduce_on::automatic, cohort::scaling::node_cores(),
+                                                        g_ctx->local_world_size())
+                           ? cohort::reduce_on::communication_thread
+                           : cohort::reduce_on::training_thread;
     model = decltype(model)(model.module(), std::make_shared<cohort::detail::gradient_reducer>(
-                                                g_ctx->comm(), model.reducer()->params(), cohort::model_options{}, thread));
+                                                g_ctx->comm(), model.reducer()->params(), cohort::model_options{}, where));
   }
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   auto step = [&] {

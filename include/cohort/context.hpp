@@ -21,13 +21,13 @@
 #include "cohort/checkpointing/retained.hpp"  // cohort::validate_fn
 #include "cohort/comm/any.hpp"
 #include "cohort/detail/lockstep.hpp"
+#include "cohort/gradients/model_options.hpp"
 #include "cohort/reporter.hpp"
 #include "cohort/scaling/device.hpp"
 #include "cohort/scaling/topology.hpp"
 #include "cohort/sharding/datasets.hpp"
 #include "cohort/sharding/loader_options.hpp"
 #include "cohort/sharding/redeal.hpp"
-#include "cohort/gradients/model_options.hpp"
 
 namespace cohort {
 

@@ -11,15 +11,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <limits>
-#include <span>
 #include <cstdio>
 #include <cxxabi.h>
 #include <exception>
-#include <functional>
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -37,9 +37,9 @@
 #include "cohort/comm/mpi.hpp"
 #include "cohort/concepts.hpp"
 #include "cohort/context.hpp"
-#include "cohort/detail/shared_storage.hpp"
 #include "cohort/detail/callable.hpp"
 #include "cohort/detail/lockstep.hpp"
+#include "cohort/detail/shared_storage.hpp"
 #include "cohort/detail/utc_stamp.hpp"
 #include "cohort/environment.hpp"
 #include "cohort/result.hpp"
@@ -72,12 +72,12 @@ inline constexpr int count_matching = (0 + ... + (Is<Ps>::value ? 1 : 0));
 
 /// The first of `Ps` that satisfies `Is`, else `Default` (trainer and tuner check for duplicates).
 template <template <class> class Is, class Default, class... Ps>
-struct pick {
+struct policy_or {
   using type = Default;
 };
 template <template <class> class Is, class Default, class P, class... Ps>
-struct pick<Is, Default, P, Ps...> {
-  using type = std::conditional_t<Is<P>::value, P, typename pick<Is, Default, Ps...>::type>;
+struct policy_or<Is, Default, P, Ps...> {
+  using type = std::conditional_t<Is<P>::value, P, typename policy_or<Is, Default, Ps...>::type>;
 };
 template <class P> struct is_scaling : std::bool_constant<scaling_policy<P>> {};
 template <class P> struct is_sharding : std::bool_constant<sharding_policy<P>> {};
@@ -151,6 +151,22 @@ inline void set_comm_options(comm::any& c, comm::mpi_options options) {
   if (auto* m = c.target<comm::mpi>()) m->set_options(options);
 }
 
+/// A run's three duplicates of its communicator, each with the run's deadline: control (setup,
+/// checkpoints, the end), work (the functor's collectives and its gradients) and check (the
+/// lockstep agreement). Split in this order on every rank.
+struct run_comms {
+  template <comm::communicator C>
+  run_comms(C& comm, int timeout_ms)
+      : control(comm.split(0, comm.rank())), work(comm.split(0, comm.rank())), check(comm.split(0, comm.rank())) {
+    set_comm_options(control, {.timeout_ms = timeout_ms, .name = "control"});
+    set_comm_options(work, {.timeout_ms = timeout_ms, .name = "work"});
+    set_comm_options(check, {.timeout_ms = timeout_ms, .name = "lockstep"});
+  }
+  comm::any control;
+  comm::any work;
+  comm::any check;
+};
+
 /// For the duration of fit(): deadline messages say where this rank's functor is.
 struct position_guard {
   explicit position_guard(std::function<std::string()> f) { comm::detail::position().set(std::move(f)); }
@@ -184,10 +200,10 @@ class trainer {
                 "cohort::trainer: two policies given for the same axis (scaling, sharding or checkpointing)");
 
  public:
-  using scaling_type = typename detail::pick<detail::is_scaling, scaling::cpu, Policies...>::type;
-  using sharding_type = typename detail::pick<detail::is_sharding, sharding::contiguous, Policies...>::type;
+  using scaling_type = typename detail::policy_or<detail::is_scaling, scaling::cpu, Policies...>::type;
+  using sharding_type = typename detail::policy_or<detail::is_sharding, sharding::contiguous, Policies...>::type;
   using checkpointing_type =
-      typename detail::pick<detail::is_checkpointing, cohort::checkpointing::keep_all, Policies...>::type;
+      typename detail::policy_or<detail::is_checkpointing, cohort::checkpointing::keep_all, Policies...>::type;
 
   explicit trainer(Fn fn, Policies... policies) : fn_(std::move(fn)), policies_(std::move(policies)...) {}
 
@@ -230,49 +246,13 @@ class trainer {
     using return_type = decltype(invoke_fn(std::declval<context&>(), std::declval<param_type const&>()));
     result<return_type> out;
 
-    // Three duplicates of `comm`: control (setup, checkpoints, the end), work (the functor's
-    // collectives and its gradients) and the lockstep agreement, each with the run's deadline.
-    comm::any control(comm.split(0, comm.rank()));
-    comm::any work(comm.split(0, comm.rank()));
-    comm::any check(comm.split(0, comm.rank()));
-    int const timeout_ms = std::max(run.collective_timeout_ms, 0);
-    detail::set_comm_options(control, {.timeout_ms = timeout_ms, .name = "control"});
-    detail::set_comm_options(work, {.timeout_ms = timeout_ms, .name = "work"});
-    detail::set_comm_options(check, {.timeout_ms = timeout_ms, .name = "lockstep"});
-    int const rank = control.rank();
-
-    // Setup: every check here is agreed over `control`, so all ranks fail together.
-    std::optional<std::string> err = scaling().check(control.size());
-    if (!err && (run.collective_timeout_ms < 0 || run.abort_timeout_ms < 0))
-      err = "run_config.collective_timeout_ms = " + std::to_string(run.collective_timeout_ms) +
-            " and abort_timeout_ms = " + std::to_string(run.abort_timeout_ms) +
-            ": give milliseconds (collective_timeout_ms = 0 for no deadline)";
-    std::optional<param_type> param;
-    std::string config_text;
-    if (!err) {
-      try {
-        config_text = nlohmann::json(config).dump();
-      } catch (std::exception const& e) {
-        err = std::string("config does not convert to JSON: ") + e.what() + ": check its to_json";
-      }
-    }
-    err = comm::agree_on_error(control, err);
-    std::string name;
-    if (!err) {
-      config_text = comm::broadcast_string(control, config_text);
-      try {
-        param.emplace(nlohmann::json::parse(config_text).template get<param_type>());
-      } catch (std::exception const& e) {
-        err = "config " + config_text + " does not parse into " + detail::type_name<param_type>() + ": " +
-              detail::config_problem<param_type>(nlohmann::json::parse(config_text, nullptr, false)) + e.what() +
-              ": fix the config's keys and types (or its from_json)";
-      }
-      name = comm::broadcast_string(control, run.name.empty() ? "cohort_" + detail::utc_stamp() : run.name);
-    }
-    err = comm::agree_on_error(control, err);
-    std::filesystem::path run_path = std::filesystem::path(run.storage_path) / name;
-    detail::lockstep steps(std::move(check));
-    detail::reporter reports(control, steps,
+    detail::run_comms comms(comm, std::max(run.collective_timeout_ms, 0));
+    int const rank = comms.control.rank();
+    auto setup = agree_on_config<param_type>(config, run, comms.control);
+    auto const run_path = std::filesystem::path(run.storage_path) / setup.name;
+    out.path = run_path;
+    detail::lockstep steps(std::move(comms.check));
+    detail::reporter reports(comms.control, steps,
                              {.rank = rank,
                               .run_path = run_path,
                               .mode = run.checkpoint_mode,
@@ -280,7 +260,93 @@ class trainer {
                               .retain = [policy = checkpointing()](std::span<cohort::checkpointing::record const> all) {
                                 return policy.retain(all);
                               }});
-    std::string resume_text;  // rank 0: {"path", "iteration"} of the checkpoint to resume from
+    auto opened = open_run(run, run_path, setup, reports, steps, comms.control);
+    if (opened.error) return fail(std::move(out), *opened.error, rank);
+    auto placed = place(comms.control, run_path);
+    if (placed.error) return fail(std::move(out), *placed.error, rank);
+
+    auto shard = [policy = sharding()](std::size_t n, int w, int r, std::int64_t e) { return policy.indices(n, w, r, e); };
+    std::uint64_t seed = 0;
+    if constexpr (requires(sharding_type const& p) { p.seed; }) seed = static_cast<std::uint64_t>(sharding().seed);
+    static cohort::datasets const no_datasets{};
+    context ctx(placed.topo, scaling().device_for(placed.topo), placed.threads, setup.name, run_path, comms.work, reports,
+                shard, &detail::get_or(policies_, no_datasets), seed);
+    if (opened.resume.contains("path"))
+      ctx.set_resume_checkpoint(cohort::checkpoint::from_directory(opened.resume["path"].template get<std::string>()));
+    ctx.set_collective_timeout_ms(std::max(run.collective_timeout_ms, 0));
+    detail::position_guard where([&steps] { return steps.where(); });  // named in deadline messages
+    detail::signal_guard signals;  // SIGTERM/SIGINT: stop at the next report, on every rank
+
+    auto ran = call<return_type>(ctx, *setup.param, steps, reports);
+    out.stopped = ran.stopped;
+    if (ran.failure && !ran.preempted && !steps.broken()) tell_the_others(steps, *ran.failure, run.abort_timeout_ms, rank);
+    if (auto e = complete(comms.control, reports, ran, run.abort_timeout_ms)) {
+      out.preempted = ran.preempted;
+      return fail(std::move(out), *e, rank);
+    }
+    collect_results(out, comms.control, reports, ran);
+    return out;
+  }
+
+ private:
+  /// What setup agrees on: the config as every rank's functor takes it (rank 0's), its JSON text
+  /// and the run's name; or the error, on every rank.
+  template <class Param>
+  struct agreed_config {
+    std::optional<std::string> error;
+    std::optional<Param> param;
+    std::string text;
+    std::string name;
+  };
+
+  /// The policies' and run_config's checks, then rank 0's config broadcast and parsed into the
+  /// functor's config type on every rank, and the run's name. Every check is agreed over
+  /// `control`, so all ranks fail together.
+  template <class Param, class Config>
+  agreed_config<Param> agree_on_config(Config const& config, run_config const& run, comm::any& control) const {
+    agreed_config<Param> out;
+    auto& err = out.error;
+    err = scaling().check(control.size());
+    if (!err && (run.collective_timeout_ms < 0 || run.abort_timeout_ms < 0))
+      err = "run_config.collective_timeout_ms = " + std::to_string(run.collective_timeout_ms) +
+            " and abort_timeout_ms = " + std::to_string(run.abort_timeout_ms) +
+            ": give milliseconds (collective_timeout_ms = 0 for no deadline)";
+    if (!err) {
+      try {
+        out.text = nlohmann::json(config).dump();
+      } catch (std::exception const& e) {
+        err = std::string("config does not convert to JSON: ") + e.what() + ": check its to_json";
+      }
+    }
+    err = comm::agree_on_error(control, err);
+    if (!err) {
+      out.text = comm::broadcast_string(control, out.text);
+      try {
+        out.param.emplace(nlohmann::json::parse(out.text).template get<Param>());
+      } catch (std::exception const& e) {
+        err = "config " + out.text + " does not parse into " + detail::type_name<Param>() + ": " +
+              detail::config_problem<Param>(nlohmann::json::parse(out.text, nullptr, false)) + e.what() +
+              ": fix the config's keys and types (or its from_json)";
+      }
+      out.name = comm::broadcast_string(control, run.name.empty() ? "cohort_" + detail::utc_stamp() : run.name);
+    }
+    err = comm::agree_on_error(control, err);
+    return out;
+  }
+
+  /// The run directory opened for reports (rank 0) and the async writer's thread started (every
+  /// rank), agreed; then the point to resume from ({"path", "iteration"}, or {} on a fresh run),
+  /// the same on every rank, with the report count and the lockstep moved to it.
+  struct opened_run {
+    std::optional<std::string> error;
+    nlohmann::json resume;
+  };
+
+  template <class Param>
+  opened_run open_run(run_config const& run, std::filesystem::path const& run_path, agreed_config<Param> const& setup,
+                      detail::reporter& reports, detail::lockstep& steps, comm::any& control) const {
+    auto err = setup.error;
+    std::string resume_text;  // rank 0
     if (!err && run.checkpoint_mode == checkpoint_mode::async) {
       try {
         reports.worker().warm_up();  // a thread: its failure is agreed on below
@@ -288,10 +354,10 @@ class trainer {
         err = e.what();
       }
     }
-    if (!err && rank == 0) {
+    if (!err && control.rank() == 0) {
       try {
         // The console starts the worker's thread if async did not: agreed on below.
-        reports.rows().open(run_path, nlohmann::json::parse(config_text), name,
+        reports.rows().open(run_path, nlohmann::json::parse(setup.text), setup.name,
                             {.console = run.verbose > 0, .tensorboard = run.tensorboard, .last_row_only = reports.under_tuner()});
         resume_text = find_resume_point(run, run_path, reports).dump();
       } catch (std::exception const& e) {
@@ -299,89 +365,115 @@ class trainer {
       }
     }
     err = comm::agree_on_error(control, err);
-    out.path = run_path;
-    if (err) return fail(std::move(out), *err, rank);
+    if (err) return {.error = err, .resume = {}};
     auto resume = nlohmann::json::parse(comm::broadcast_string(control, resume_text));
     reports.set_attempt_prefix(comm::broadcast_string(control, std::to_string(::getpid()) + "_" + detail::utc_stamp() + "_"));
     reports.rows().resume_at(resume.value("iteration", std::int64_t{0}));
     steps.resume_at(reports.rows().count());
+    return {.error = std::nullopt, .resume = std::move(resume)};
+  }
 
+  /// Where this rank runs: its topology from every rank's host name, the storage checked to be
+  /// shared where the run spans nodes, the scaling policy's placement check, and its intra-op
+  /// threads (set in LibTorch). Cores are shared by every rank of the job on this node; a rank
+  /// bound to cores (mpirun) gets its own cores, shared with the ranks bound to them.
+  struct placement {
+    std::optional<std::string> error;
+    scaling::topology topo;
+    int threads = 1;
+  };
+
+  placement place(comm::any& control, std::filesystem::path const& run_path) const {
+    placement out;
     auto const hosts = comm::allgather_strings(control, detail::host_name());
-    auto topo = scaling::topology_from_hosts(hosts, rank);
-    if (topo.num_nodes > 1)  // checkpoints are written by every rank and read back by every rank
-      if (auto e = detail::check_shared_storage(control, run_path, hosts)) return fail(std::move(out), *e, rank);
-    if constexpr (requires(scaling_type const& p) { p.placement_error(topo, 0); }) {
-      if (auto e = comm::agree_on_error(control, scaling().placement_error(topo, scaling::visible_cuda_devices())))
-        return fail(std::move(out), *e, rank);
+    out.topo = scaling::topology_from_hosts(hosts, control.rank());
+    if (out.topo.num_nodes > 1)  // checkpoints are written by every rank and read back by every rank
+      if ((out.error = detail::check_shared_storage(control, run_path, hosts))) return out;
+    if constexpr (requires(scaling_type const& p) { p.placement_error(out.topo, 0); }) {
+      if ((out.error = comm::agree_on_error(control, scaling().placement_error(out.topo, scaling::visible_cuda_devices()))))
+        return out;
     }
-    // Cores are shared by every rank of the job on this node; a rank bound to cores (mpirun) gets
-    // its own cores, shared with the ranks bound to them.
-    auto placed = topo;
-    auto const cores = scaling::cores_of_this_rank(scaling::node_cores(), std::max(topo.local_world_size, detail::job_ranks_on_node()));
+    auto placed = out.topo;
+    auto const cores =
+        scaling::cores_of_this_rank(scaling::node_cores(), std::max(out.topo.local_world_size, detail::job_ranks_on_node()));
     placed.local_world_size = cores.sharing_ranks;
-    int threads = scaling().intra_op_threads(placed, cores.cores);
+    out.threads = scaling().intra_op_threads(placed, cores.cores);
 #if COHORT_WITH_TORCH
-    cohort::torch_glue::set_intra_op_threads(threads);
+    cohort::detail::set_intra_op_threads(out.threads);
 #endif
-    auto shard = [policy = sharding()](std::size_t n, int w, int r, std::int64_t e) { return policy.indices(n, w, r, e); };
-    std::uint64_t seed = 0;
-    if constexpr (requires(sharding_type const& p) { p.seed; }) seed = static_cast<std::uint64_t>(sharding().seed);
-    static cohort::datasets const no_datasets{};
-    context ctx(topo, scaling().device_for(topo), threads, name, run_path, work, reports, shard,
-                &detail::get_or(policies_, no_datasets), seed);
-    if (resume.contains("path")) ctx.set_resume_checkpoint(cohort::checkpoint::from_directory(resume["path"].get<std::string>()));
-    ctx.set_collective_timeout_ms(timeout_ms);
-    detail::position_guard where([&steps] { return steps.where(); });  // named in deadline messages
+    return out;
+  }
 
-    // The functor. Any exception is held until every rank has finished; the other ranks learn of
-    // it at their next agreement (lockstep), or the job is aborted after abort_timeout_ms.
+  /// How the functor's call ended on this rank: its value, or the failure it is held with until
+  /// every rank has finished (`secondary`: another rank failed, and its error is the one
+  /// reported), a SIGTERM/SIGINT, or the tuner's stop.
+  template <class Return>
+  struct outcome {
+    std::optional<std::conditional_t<std::is_void_v<Return>, detail::no_return, Return>> value;
     std::optional<std::string> failure;
-    bool secondary = false;  // `failure` is that another rank failed: its error is the one reported
+    bool secondary = false;
     bool preempted = false;
-    std::optional<std::conditional_t<std::is_void_v<return_type>, detail::no_return, return_type>> value;
-    detail::signal_guard signals;  // SIGTERM/SIGINT: stop at the next report, on every rank
+    std::optional<std::string> stopped;
+  };
+
+  /// The functor. Any exception is held until every rank has finished; the other ranks learn of
+  /// it at their next agreement (lockstep), or the job is aborted after abort_timeout_ms.
+  template <class Return, class Param>
+  outcome<Return> call(context& ctx, Param const& param, detail::lockstep& steps, detail::reporter& reports) {
+    outcome<Return> out;
     try {
-      if constexpr (std::is_void_v<return_type>) {
-        invoke_fn(ctx, *param);
-        value.emplace();
+      if constexpr (std::is_void_v<Return>) {
+        invoke_fn(ctx, param);
+        out.value.emplace();
       } else {
-        value.emplace(invoke_fn(ctx, *param));
+        out.value.emplace(invoke_fn(ctx, param));
       }
       steps.agree(detail::step::end);  // every rank returned, from the same place
       reports.flush();                 // async checkpoints still in flight
     } catch (detail::stopped_by_tuner const& s) {
       out.stopped = s.reason;
     } catch (detail::preempted const& p) {
-      preempted = true;
-      failure = std::string("stopped by ") + (p.signal == SIGINT ? "SIGINT" : "SIGTERM") + " after report " +
-                std::to_string(p.iteration) + " (its checkpoint, if any, is committed): rerun the same command to resume";
+      out.preempted = true;
+      out.failure = std::string("stopped by ") + (p.signal == SIGINT ? "SIGINT" : "SIGTERM") + " after report " +
+                    std::to_string(p.iteration) + " (its checkpoint, if any, is committed): rerun the same command to resume";
     } catch (detail::diverged const& d) {
-      failure = d.what();
-      secondary = d.peer_failed();
+      out.failure = d.what();
+      out.secondary = d.peer_failed();
     } catch (std::exception const& e) {
-      failure = e.what();
+      out.failure = e.what();
     } catch (...) {
-      failure = "unknown exception";
+      out.failure = "unknown exception";
     }
-    // A rank that failed on its own tells the others at their next agreement point; it waits at
-    // most abort_timeout_ms for them to get there, then aborts the job rather than hang.
-    if (failure && !preempted && !steps.broken()) {
-      auto settle = [&] {  // the agreement in flight, waited for at most abort_timeout_ms
-        wait_or_abort([&] { return steps.test(); }, run.abort_timeout_ms, rank, *failure);
-        try {
-          steps.finish();
-        } catch (detail::diverged const&) {  // the others were elsewhere: they now stop too
-        }
-      };
-      if (steps.pending()) settle();  // one the functor left started (a backward that threw)
-      if (!steps.broken()) {
-        steps.start(detail::step::failed);
-        settle();
+    return out;
+  }
+
+  /// A rank that failed on its own tells the others at their next agreement point; it waits at
+  /// most `abort_timeout_ms` for them to get there, then aborts the job rather than hang.
+  static void tell_the_others(detail::lockstep& steps, std::string const& failure, int abort_timeout_ms, int rank) {
+    auto settle = [&] {  // the agreement in flight, waited for at most abort_timeout_ms
+      wait_or_abort([&] { return steps.test(); }, abort_timeout_ms, rank, failure);
+      try {
+        steps.finish();
+      } catch (detail::diverged const&) {  // the others were elsewhere: they now stop too
       }
+    };
+    if (steps.pending()) settle();  // one the functor left started (a backward that threw)
+    if (!steps.broken()) {
+      steps.start(detail::step::failed);
+      settle();
     }
-    // Completion: [failed (2: its own error, 1: another rank's), max reports, -min reports]; a
-    // failed rank waits at most abort_timeout_ms for the others, then aborts the job rather than hang.
-    std::int64_t status[3] = {failure ? (secondary ? 1 : 2) : 0, reports.rows().reports_this_attempt(), -reports.rows().reports_this_attempt()};
+  }
+
+  /// Completion, agreed over `control`: [failed (2: its own error, 1: another rank's), max
+  /// reports, -min reports]. Returns the run's error: the errors of the ranks that failed on
+  /// their own (the others only say they stopped), or report counts that differ. A failed rank
+  /// waits at most `abort_timeout_ms` for the others, then aborts the job rather than hang.
+  template <class Return>
+  static std::optional<std::string> complete(comm::any& control, detail::reporter& reports, outcome<Return> const& ran,
+                                             int abort_timeout_ms) {
+    auto const& failure = ran.failure;
+    std::int64_t status[3] = {failure ? (ran.secondary ? 1 : 2) : 0, reports.rows().reports_this_attempt(),
+                              -reports.rows().reports_this_attempt()};
     auto req = control.iallreduce(status, 3, comm::reduce_op::max);
     // The progress lines before any error or result. They share a thread with async checkpoint
     // writes, so after a failure a write may still be in flight: the completion is tested (and
@@ -389,23 +481,21 @@ class trainer {
     bool completed = false;
     if (reports.rows().has_console())
       while (!reports.worker().wait_for(std::chrono::milliseconds(1))) completed = completed || req.test();
-    if (!completed && failure) wait_or_abort([&] { return req.test(); }, run.abort_timeout_ms, rank, *failure);
+    if (!completed && failure) wait_or_abort([&] { return req.test(); }, abort_timeout_ms, control.rank(), *failure);
     else if (!completed) req.wait();
-    if (status[0] != 0) {
-      // The errors of the ranks that failed on their own; the others only say they stopped.
-      auto e = comm::agree_on_error(control, status[0] == 2 && secondary ? std::nullopt : failure);
-      out.preempted = preempted;
-      return fail(std::move(out), *e, rank);
-    }
+    if (status[0] != 0) return comm::agree_on_error(control, status[0] == 2 && ran.secondary ? std::nullopt : failure);
     if (status[1] != -status[2])
-      return fail(std::move(out),
-                  "report() was called " + std::to_string(-status[2]) + " times on some rank and " +
-                      std::to_string(status[1]) +
-                      " on another: every rank must call report() the same number of times",
-                  rank);
+      return "report() was called " + std::to_string(-status[2]) + " times on some rank and " + std::to_string(status[1]) +
+             " on another: every rank must call report() the same number of times";
+    return std::nullopt;
+  }
 
-    // Results, identical on every rank.
-    // Under a tuner the history is the tuner's (result_grid); only the last report comes back.
+  /// The results, identical on every rank: the metrics (under a tuner the history is the
+  /// tuner's, in its result_grid, and only the last report comes back), the latest and the
+  /// retained checkpoints, and every rank's return value.
+  template <class Return>
+  void collect_results(result<Return>& out, comm::any& control, detail::reporter& reports, outcome<Return>& ran) const {
+    int const rank = control.rank();
     std::string history;
     if (rank == 0) {
       auto const& rows = reports.rows().history();
@@ -420,16 +510,14 @@ class trainer {
     if (ckpts.contains("latest")) out.checkpoint = checkpoint_info{ckpts["latest"]["path"].template get<std::string>(), ckpts["latest"]["metrics"]};
     if (out.stopped) {
       // Ended by the tuner on every rank at the same report: the functor returned nothing.
-    } else if constexpr (std::is_void_v<return_type>) {
+    } else if constexpr (std::is_void_v<Return>) {
       out.return_values.resize(static_cast<std::size_t>(control.size()));
     } else {
-      auto all = comm::allgather_strings(control, nlohmann::json(*value).dump());
-      for (auto const& s : all) out.return_values.push_back(nlohmann::json::parse(s).template get<return_type>());
+      auto all = comm::allgather_strings(control, nlohmann::json(*ran.value).dump());
+      for (auto const& s : all) out.return_values.push_back(nlohmann::json::parse(s).template get<Return>());
     }
-    return out;
   }
 
- private:
   template <class P>
   decltype(auto) invoke_fn(context& ctx, P const& p) {
     if constexpr (std::is_invocable_v<Fn&, context&, P const&>) return fn_(ctx, p);

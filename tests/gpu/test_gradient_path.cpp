@@ -59,7 +59,7 @@ TEST_CASE("the NCCL gradient path averages bucketed gradients on the GPU and ord
   }
   cohort::model_options options{.bucket_cap_bytes = 64 << 10, .first_bucket_cap_bytes = 4 << 10};
   {
-    cohort::detail::gradient_reducer reducer(c, net.parameters(), options, false,
+    cohort::detail::gradient_reducer reducer(c, net.parameters(), options, cohort::reduce_on::training_thread,
                                              cohort::detail::make_device_buckets(c, current_device(), 60'000));
     REQUIRE(reducer.num_buckets() >= 3);  // several buckets, some launched mid-backward, some grouped
     train(net, 5);
@@ -72,7 +72,7 @@ TEST_CASE("the NCCL gradient path averages bucketed gradients on the GPU and ord
   // bfloat16 compression: the gradients, rounded to bfloat16 on the way (one rank: the average
   // of one), so after one step each parameter moved by -lr * bf16(grad) exactly.
   options.compression = cohort::gradient_compression::bfloat16;
-  cohort::detail::gradient_reducer reducer(c, net.parameters(), options, false,
+  cohort::detail::gradient_reducer reducer(c, net.parameters(), options, cohort::reduce_on::training_thread,
                                            cohort::detail::make_device_buckets(c, current_device(), 60'000));
   auto x = torch::randn({32, 64}, torch::kCUDA);
   auto y = torch::randint(0, 10, {32}, torch::kCUDA);

@@ -306,7 +306,7 @@ TEST_CASE("the event writer appends decodable events and a second writer starts 
   auto dir = cohort_test::scratch("tensorboard_writer") / std::to_string(cohort_test::world_rank());
   std::filesystem::create_directories(dir);
   {
-    cohort::report::event_writer w(dir, true);
+    cohort::report::event_writer w(dir, cohort::report::directory_age::just_created);
     CHECK(w.path().empty());  // no file before the first event
     auto first = encoded({{1000.25, {{"training_iteration", 1}, {"loss", 1.0}}},
                           {1001.5, {{"training_iteration", 2}, {"loss", 0.5}, {"name", "x"}}}});
@@ -335,7 +335,7 @@ TEST_CASE("the event writer appends decodable events and a second writer starts 
 }
 
 TEST_CASE("an events file that cannot be created is a warning, not an error", "[report][tensorboard][pure]") {
-  cohort::report::event_writer w("/nonexistent/cohort/run", true);
+  cohort::report::event_writer w("/nonexistent/cohort/run", cohort::report::directory_age::just_created);
   auto one = encoded({{1.0, {{"training_iteration", 1}, {"loss", 1.0}}}});
   w.write(one);
   auto two = encoded({{2.0, {{"training_iteration", 2}, {"loss", 1.0}}}});

@@ -163,9 +163,9 @@ TEST_CASE("asha deals trials to brackets reproducibly and round-trips its state"
   for (int t = 0; t < 12; ++t) first.push_back({"t" + std::to_string(t), 1, double((t * 7) % 5)});
   for (int t = 0; t < 12; ++t) second.push_back({"t" + std::to_string(t), 2, double((t * 3) % 4)});
   CHECK(replay(a, first) == replay(b, first));
-  CHECK(a.state_.trial_bracket == b.state_.trial_bracket);
+  CHECK(a.trial_brackets() == b.trial_brackets());
   std::set<std::size_t> used;
-  for (auto const& [id, br] : a.state_.trial_bracket) used.insert(br);
+  for (auto const& [id, br] : a.trial_brackets()) used.insert(br);
   CHECK(used.size() > 1);  // softmax over sizes {4, 3, 2}: p = {0.67, 0.24, 0.09}
 
   auto restored = make();
@@ -179,7 +179,7 @@ TEST_CASE("asha deals trials to brackets reproducibly and round-trips its state"
   CHECK(da == dr);
   a.on_trial_add("late", json::object());
   restored.on_trial_add("late", json::object());
-  CHECK(a.state_.trial_bracket.at("late") == restored.state_.trial_bracket.at("late"));
+  CHECK(a.trial_brackets().at("late") == restored.trial_brackets().at("late"));
 }
 
 TEST_CASE("asha rejects bad knobs and results without its keys", "[tuning][pure]") {
@@ -312,8 +312,8 @@ TEST_CASE("the median rule round-trips its state and keeps completed trials", "[
   replay(m, {{"A", 1, 1}, {"B", 1, 3}, {"C", 1, 2}, {"A", 2, 2}, {"B", 2, 4}});
   m.on_trial_complete("B", at(2, "score", 4));  // already reported: not counted twice
   m.on_trial_complete("A", at(3, "score", 2));  // new: counted
-  CHECK(m.state_.trials.at("B").results.size() == 2);
-  CHECK(m.state_.trials.at("A").results.size() == 3);
+  CHECK(m.results_held("B") == 2);
+  CHECK(m.results_held("A") == 3);
   auto r = make();
   r.restore_state(json::parse(m.save_state().dump()));
   CHECK(r.save_state() == m.save_state());

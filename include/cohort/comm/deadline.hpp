@@ -10,11 +10,11 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <csignal>
-#include <cstdlib>
 #include <chrono>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <string>

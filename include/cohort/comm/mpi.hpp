@@ -5,12 +5,12 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 

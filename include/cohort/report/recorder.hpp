@@ -62,8 +62,9 @@ class recorder {
     name_ = std::move(name);
     last_row_only_ = options.last_row_only;
     dir_.emplace(path, params);
-    if (options.tensorboard) events_.emplace(path, dir_->fresh());  // no I/O until the first events
-    if (options.console) console_.emplace(worker_);                 // starts the worker's thread
+    if (options.tensorboard)  // no I/O until the first events
+      events_.emplace(path, dir_->fresh() ? directory_age::just_created : directory_age::existing);
+    if (options.console) console_.emplace(worker_);  // starts the worker's thread
   }
 
   /// Every rank, after open(): counts on from `iteration` (a resumed run); rank 0 takes back the

@@ -364,14 +364,18 @@ inline double wall_time_now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+/// Whether a run directory was just created (no earlier events file in it to order after) or
+/// existed already (a resume).
+enum class directory_age { existing, just_created };
+
 /// The TensorBoard events file of one run directory, written by the rank that owns the
 /// directory (rank 0; in fit() on its background thread). Each attempt of a run (a resume)
 /// writes a new file: nothing written before is rewritten. No I/O until the first write().
 class event_writer {
  public:
-  /// Events for `dir`; `fresh`: the directory was just created (no earlier events file to
-  /// order after, so it is not listed).
-  explicit event_writer(std::filesystem::path dir, bool fresh = false) : dir_(std::move(dir)), fresh_(fresh) {}
+  /// Events for `dir`; a directory just created is not listed for earlier events files.
+  explicit event_writer(std::filesystem::path dir, directory_age age = directory_age::existing)
+      : dir_(std::move(dir)), fresh_(age == directory_age::just_created) {}
   event_writer(event_writer const&) = delete;
   event_writer& operator=(event_writer const&) = delete;
   ~event_writer() {

@@ -10,7 +10,7 @@ namespace cohort {
 enum class device_kind { cpu, cuda };
 
 /// A rank's compute device. `str()` is LibTorch's device string ("cpu", "cuda:1"), so
-/// `torch::Device(ctx.device().str())` works; torch/device.hpp adds `cohort::to_torch`.
+/// `torch::Device(ctx.device().str())` works; torch/to_torch.hpp adds `cohort::to_torch`.
 struct device {
   device_kind kind = device_kind::cpu;
   int index = -1;  ///< device ordinal, -1 for the CPU

@@ -24,11 +24,11 @@
 #include "cohort/context.hpp"
 #include "cohort/detail/thread_start.hpp"
 #include "cohort/error.hpp"
+#include "cohort/scaling/device.hpp"
 #include "cohort/sharding/datasets.hpp"
 #include "cohort/sharding/loader_options.hpp"
 #include "cohort/sharding/redeal.hpp"
-#include "cohort/scaling/device.hpp"
-#include "cohort/torch/device.hpp"
+#include "cohort/torch/to_torch.hpp"
 
 namespace cohort {
 

@@ -37,7 +37,7 @@
 #include "cohort/error.hpp"
 #include "cohort/sharding/loader_options.hpp"
 #include "cohort/torch/autocast.hpp"
-#include "cohort/torch/checkpoint.hpp"
+#include "cohort/torch/checkpoint_state.hpp"
 #include "cohort/torch/data_loader.hpp"
 #include "cohort/torch/prepare_model.hpp"
 

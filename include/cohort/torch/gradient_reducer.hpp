@@ -6,11 +6,11 @@
 /// waits for them.
 
 #include <mpi.h>
-#include <torch/torch.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -26,12 +26,12 @@
 #include <vector>
 
 #include "cohort/comm/any.hpp"
-#include "cohort/detail/thread_start.hpp"
 #include "cohort/detail/lockstep.hpp"
+#include "cohort/detail/thread_start.hpp"
 #include "cohort/error.hpp"
 #include "cohort/gradients/bucket_plan.hpp"
-#include "cohort/torch/device_buckets.hpp"
 #include "cohort/gradients/model_options.hpp"
+#include "cohort/torch/device_buckets.hpp"
 #include "cohort/torch/step_gate.hpp"
 
 namespace cohort::detail {
@@ -56,9 +56,11 @@ namespace cohort::detail {
 /// every rank enters the same collectives in the same order.
 class gradient_reducer {
  public:
-  /// `steps`: the ranks' agreement on control flow, started at the first hook of each
-  /// synchronised backward and awaited before its first all-reduce (null: none).
-  gradient_reducer(comm::any& c, std::vector<torch::Tensor> params, model_options const& options, bool use_thread,
+  /// `where`: reduce_on::communication_thread (a thread of its own, on the MPI path) or
+  /// training_thread; the caller resolves automatic (use_communication_thread). `steps`: the
+  /// ranks' agreement on control flow, started at the first hook of each synchronised backward
+  /// and awaited before its first all-reduce (null: none).
+  gradient_reducer(comm::any& c, std::vector<torch::Tensor> params, model_options const& options, reduce_on where,
                    std::unique_ptr<device_buckets> device = nullptr, lockstep* steps = nullptr)
       : comm_(c), params_(std::move(params)), steps_(steps), device_(std::move(device)) {
     torch::NoGradGuard no_grad;
@@ -101,7 +103,7 @@ class gradient_reducer {
     inv_size_ = torch::scalar_tensor(inv_size_f_, torch::kFloat);
     int level = MPI_THREAD_SINGLE;
     MPI_Query_thread(&level);
-    if (!device_ && level >= MPI_THREAD_SERIALIZED && use_thread) worker_ = std::thread([this] { work(); });
+    if (!device_ && level >= MPI_THREAD_SERIALIZED && where == reduce_on::communication_thread) worker_ = std::thread([this] { work(); });
     for (std::size_t i = 0; i < params_.size(); ++i) {
       bind(i);
       auto acc = torch::autograd::impl::grad_accumulator(params_[i]);

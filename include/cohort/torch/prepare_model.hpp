@@ -18,10 +18,10 @@
 #include "cohort/context.hpp"
 #include "cohort/error.hpp"
 #include "cohort/scaling/cpu.hpp"
-#include "cohort/torch/device.hpp"
 #include "cohort/torch/device_buckets.hpp"
 #include "cohort/torch/gradient_reducer.hpp"
 #include "cohort/torch/model_layout.hpp"
+#include "cohort/torch/to_torch.hpp"
 
 namespace cohort {
 
@@ -112,10 +112,12 @@ prepared_model<Module> prepare_model_for(context& ctx, Module module, model_opti
     for (auto& p : m.parameters())
       if (p.requires_grad()) params.push_back(p);
     bool const on_gpu = ctx.device().kind == device_kind::cuda;
-    bool const thread = !on_gpu && use_communication_thread(options.reduce_on, scaling::node_cores(), ctx.local_world_size());
+    auto const where = !on_gpu && use_communication_thread(options.reduce_on, scaling::node_cores(), ctx.local_world_size())
+                           ? reduce_on::communication_thread
+                           : reduce_on::training_thread;
     auto device = on_gpu ? detail::make_device_buckets(c, ctx.device().index, options.timeout_ms > 0 ? options.timeout_ms : ctx.collective_timeout_ms()) : nullptr;
     if (!params.empty())
-      reducer = std::make_shared<detail::gradient_reducer>(c, std::move(params), options, thread, std::move(device),
+      reducer = std::make_shared<detail::gradient_reducer>(c, std::move(params), options, where, std::move(device),
                                                            &ctx.lockstep());
   }
   return prepared_model<Module>(std::move(module), std::move(reducer));

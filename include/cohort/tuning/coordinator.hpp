@@ -27,11 +27,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/checkpointing/checkpoint.hpp"
-#include "cohort/tuning/concepts.hpp"
 #include "cohort/detail/utc_stamp.hpp"
 #include "cohort/error.hpp"
 #include "cohort/report/run_directory.hpp"
 #include "cohort/report/trial_table.hpp"
+#include "cohort/tuning/concepts.hpp"
 #include "cohort/tuning/decision.hpp"
 #include "cohort/tuning/experiment_state.hpp"
 #include "cohort/tuning/messages.hpp"

@@ -23,8 +23,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cohort/tuning/concepts.hpp"
+#include "cohort/detail/internal_state.hpp"
 #include "cohort/error.hpp"
+#include "cohort/tuning/concepts.hpp"
 #include "cohort/tuning/decision.hpp"
 #include "cohort/tuning/search_space.hpp"
 
@@ -125,7 +126,7 @@ struct basic {
     state_.count = state.at("count").get<std::size_t>();
   }
 
-  detail::basic_state state_{};  ///< internal: not a knob
+  cohort::detail::internal_state<detail::basic_state, basic> state_;  ///< not a knob; only basic reaches it
 };
 static_assert(cohort::searcher<basic>);
 
@@ -221,7 +222,7 @@ struct parzen {
 /// Optuna's univariate Parzen estimator: kernels at the observations (model space, oldest first)
 /// and at the prior, each kernel's bandwidth the larger gap to its sorted neighbours (the outer
 /// ones: the inner gap), clipped to [range / min(100, n + 2), range]; the prior's is `range`.
-inline parzen fit(numeric_model const& m, std::vector<double> const& obs, double prior_weight) {
+inline parzen fit_parzen(numeric_model const& m, std::vector<double> const& obs, double prior_weight) {
   parzen p;
   p.mu = obs;
   p.mu.push_back(m.prior_mu);
@@ -251,7 +252,7 @@ inline parzen fit(numeric_model const& m, std::vector<double> const& obs, double
 }
 
 /// Index drawn with probability proportional to `w` (w sums to 1).
-inline std::size_t pick(std::vector<double> const& w, std::mt19937_64& rng) {
+inline std::size_t weighted_index(std::vector<double> const& w, std::mt19937_64& rng) {
   double u = tuning::detail::uniform01(rng);
   for (std::size_t i = 0; i + 1 < w.size(); ++i) {
     if (u < w[i]) return i;
@@ -263,7 +264,7 @@ inline std::size_t pick(std::vector<double> const& w, std::mt19937_64& rng) {
 /// One draw in model space: a kernel by weight, then its normal truncated to [a, b] by rejection
 /// (each kernel has at least a third of its mass there, so few draws are rejected).
 inline double draw(parzen const& p, numeric_model const& m, std::mt19937_64& rng) {
-  std::size_t const k = pick(p.weight, rng);
+  std::size_t const k = weighted_index(p.weight, rng);
   double y = 0;
   for (int attempt = 0; attempt < 64; ++attempt) {
     y = p.mu[k] + p.sigma[k] * tuning::detail::standard_normal(rng);
@@ -344,7 +345,7 @@ struct tpe {
     if (n_ei_candidates == 0) throw cohort::error("search::tpe{.n_ei_candidates = 0}: needs at least 1 candidate");
     if (!(prior_weight > 0))
       throw cohort::error("search::tpe{.prior_weight = " + std::to_string(prior_weight) + "}: must be > 0");
-    state_ = {};
+    state_ = detail::tpe_state{};
     state_.space = sp;
     state_.objective = objective;
     state_.num_samples = num_samples;
@@ -437,7 +438,7 @@ struct tpe {
     for (auto const& o : state.at("observations")) state_.observations.push_back(obs_of(o));
   }
 
-  detail::tpe_state state_{};  ///< internal: not a knob
+  cohort::detail::internal_state<detail::tpe_state, tpe> state_;  ///< not a knob; only tpe reaches it
 
  private:
   using group = std::vector<detail::observation const*>;
@@ -472,7 +473,7 @@ struct tpe {
           v.push_back(m.to_model(o->params.at(p.key).get<double>()));
       return v;
     };
-    auto const l = detail::fit(m, values(good), prior_weight), g = detail::fit(m, values(bad), prior_weight);
+    auto const l = detail::fit_parzen(m, values(good), prior_weight), g = detail::fit_parzen(m, values(bad), prior_weight);
     nlohmann::json best;
     double best_score = -std::numeric_limits<double>::infinity();
     for (std::size_t i = 0; i < n_ei_candidates; ++i) {
@@ -503,7 +504,7 @@ struct tpe {
     std::size_t best = 0;
     double best_score = -std::numeric_limits<double>::infinity();
     for (std::size_t i = 0; i < n_ei_candidates; ++i) {
-      std::size_t const c = detail::pick(l, state_.rng);
+      std::size_t const c = detail::weighted_index(l, state_.rng);
       double const score = std::log(l[c]) - std::log(g[c]);
       if (i == 0 || score > best_score) {
         best = c;

@@ -24,8 +24,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/checkpointing/policies.hpp"  // cohort::order
-#include "cohort/tuning/concepts.hpp"
+#include "cohort/detail/internal_state.hpp"
 #include "cohort/error.hpp"
+#include "cohort/tuning/concepts.hpp"
 #include "cohort/tuning/decision.hpp"
 
 namespace cohort::stop {
@@ -148,8 +149,8 @@ struct plateau {
     return false;
   }
 
-  /// Internal state (each trial's latest values), not a knob: leave it out of the initializer.
-  std::map<std::string, detail::plateau_trial> state_{};
+  /// Each trial's latest values (not a knob; only plateau reaches it).
+  cohort::detail::internal_state<std::map<std::string, detail::plateau_trial>, plateau> state_;
 
  private:
   void check() const {
@@ -208,8 +209,8 @@ struct maximum_iterations {
     return false;
   }
 
-  /// Internal state (results seen per trial), not a knob: leave it out of the initializer.
-  std::map<std::string, std::int64_t> state_{};
+  /// Results seen per trial (not a knob; only maximum_iterations reaches it).
+  cohort::detail::internal_state<std::map<std::string, std::int64_t>, maximum_iterations> state_;
 
  private:
   void check() const {

@@ -25,11 +25,11 @@
 
 #include "cohort/comm/collectives.hpp"
 #include "cohort/comm/mpi.hpp"
-#include "cohort/tuning/concepts.hpp"
 #include "cohort/detail/thread_start.hpp"
 #include "cohort/environment.hpp"
 #include "cohort/run_config.hpp"
 #include "cohort/trainer.hpp"
+#include "cohort/tuning/concepts.hpp"
 #include "cohort/tuning/coordinator.hpp"
 #include "cohort/tuning/decision.hpp"
 #include "cohort/tuning/messages.hpp"
@@ -105,13 +105,14 @@ class tuner {
                 "cohort::tuner: two searchers, two schedulers or two tune_configs given");
 
  public:
-  using searcher_type = typename cohort::detail::pick<tuning::detail::is_searcher, search::basic, Policies...>::type;
-  using scheduler_type = typename cohort::detail::pick<tuning::detail::is_scheduler, schedule::fifo, Policies...>::type;
+  using searcher_type = typename cohort::detail::policy_or<tuning::detail::is_searcher, search::basic, Policies...>::type;
+  using scheduler_type = typename cohort::detail::policy_or<tuning::detail::is_scheduler, schedule::fifo, Policies...>::type;
+  using stoppers_type = decltype(tuning::detail::stoppers_of(std::declval<Policies const&>()...));
 
   explicit tuner(Trainable trainable, Policies... policies)
-      : config_(pick_config(policies...)),
-        searcher_(pick<searcher_type>(policies...)),
-        scheduler_(pick<scheduler_type>(policies...)),
+      : config_(config_argument(policies...)),
+        searcher_(policy_argument<searcher_type>(policies...)),
+        scheduler_(policy_argument<scheduler_type>(policies...)),
         stoppers_(tuning::detail::stoppers_of(policies...)),
         trainer_(tuning::detail::make_trainer(std::move(trainable), config_)) {}
 
@@ -128,50 +129,19 @@ class tuner {
     cohort::detail::ensure_mpi_for_program();
     tuning::result_grid out;
     out.objective = {config_.metric, config_.mode};
-    int provided = 0;
-    MPI_Query_thread(&provided);
     MPI_Comm comm = MPI_COMM_NULL;
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     int const timeout_ms = std::max(run.collective_timeout_ms, 0);
     comm::mpi world(comm, comm::ownership::owned, {.timeout_ms = timeout_ms, .name = "tuner"});
-    int const rank = world.rank(), size = world.size();
-    int const per = config_.ranks_per_trial;
-    std::optional<std::string> err;
-    if (provided < MPI_THREAD_MULTIPLE)
-      err = "cohort::tuner needs MPI initialised with MPI_THREAD_MULTIPLE: let cohort::environment initialise MPI";
-    else if (per < 1 || size % per != 0)
-      err = "tune_config.ranks_per_trial = " + std::to_string(per) + " does not divide the " + std::to_string(size) +
-            " ranks of the job: launch with a multiple of it (mpirun -np " + std::to_string(std::max(per, 1)) + ", " +
-            std::to_string(2 * std::max(per, 1)) + ", ...) or change ranks_per_trial";
-    else if (config_.num_samples == 0)
-      err = "tune_config.num_samples = 0: set it to at least 1";
-    if (err) return fail(std::move(out), *err, rank);
+    int const rank = world.rank();
+    if (auto err = job_error(world.size())) return fail(std::move(out), *err, rank);
 
     auto name = comm::broadcast_string(world, run.name.empty() ? "tune_" + cohort::detail::utc_stamp() : run.name);
     auto exp = std::filesystem::path(run.storage_path) / name;
     out.path = exp;
-    std::vector<int> leaders;
-    for (int r = 0; r < size; r += per) leaders.push_back(r);
-
-    using coordinator_type = tuning::detail::coordinator<searcher_type, scheduler_type, decltype(stoppers_)>;
     std::optional<coordinator_type> coord;
-    if (rank == 0) {
-      try {
-        std::error_code ec;
-        std::filesystem::create_directories(exp, ec);
-        if (ec || !std::filesystem::is_directory(exp))
-          throw cohort::error("cannot create experiment directory " + exp.string() + " (" +
-                              (ec ? ec.message() : std::string("not a directory")) +
-                              "): set run_config.storage_path to a writable directory");
-        coord.emplace(searcher_, scheduler_, stoppers_, config_, exp, leaders, comm, run.verbose);
-        coord->start(space);
-        if (coord->restored() && run.verbose > 0)
-          std::cout << "[cohort] resuming experiment " + exp.string() + " from its experiment_state.json\n" << std::flush;
-      } catch (std::exception const& e) {
-        err = e.what();
-      }
-    }
-    if (auto e = comm::agree_on_error(world, err)) return fail(std::move(out), *e, rank);
+    if (auto e = comm::agree_on_error(world, rank == 0 ? start_coordinator(coord, space, run, exp, comm, world.size()) : std::nullopt))
+      return fail(std::move(out), *e, rank);
 
     std::thread server;
     if (rank == 0)
@@ -179,11 +149,64 @@ class tuner {
         cohort::detail::begin_background_thread("cohort-tuner");
         coord->serve();
       });
+    cohort::detail::signal_guard signals;  // SIGTERM/SIGINT between trials: no new trial starts
+    run_trials(coord, run, exp, comm, world);
+    if (server.joinable()) server.join();
+    return gather_results(std::move(out), coord, world);
+  }
+
+ private:
+  using coordinator_type = tuning::detail::coordinator<searcher_type, scheduler_type, stoppers_type>;
+
+  /// What makes the job unfit for an experiment, the same on every rank: MPI without threads,
+  /// ranks_per_trial that does not divide the ranks, no samples.
+  std::optional<std::string> job_error(int size) const {
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    int const per = config_.ranks_per_trial;
+    if (provided < MPI_THREAD_MULTIPLE)
+      return "cohort::tuner needs MPI initialised with MPI_THREAD_MULTIPLE: let cohort::environment initialise MPI";
+    if (per < 1 || size % per != 0)
+      return "tune_config.ranks_per_trial = " + std::to_string(per) + " does not divide the " + std::to_string(size) +
+             " ranks of the job: launch with a multiple of it (mpirun -np " + std::to_string(std::max(per, 1)) + ", " +
+             std::to_string(2 * std::max(per, 1)) + ", ...) or change ranks_per_trial";
+    if (config_.num_samples == 0) return "tune_config.num_samples = 0: set it to at least 1";
+    return std::nullopt;
+  }
+
+  /// Rank 0: the experiment directory made and the coordinator started in `coord` (restored from
+  /// the directory's experiment_state.json when there is one). Returns the error, if any.
+  std::optional<std::string> start_coordinator(std::optional<coordinator_type>& coord, tuning::space const& space,
+                                               run_config const& run, std::filesystem::path const& exp, MPI_Comm comm,
+                                               int size) {
+    std::vector<int> leaders;
+    for (int r = 0; r < size; r += config_.ranks_per_trial) leaders.push_back(r);
+    try {
+      std::error_code ec;
+      std::filesystem::create_directories(exp, ec);
+      if (ec || !std::filesystem::is_directory(exp))
+        throw cohort::error("cannot create experiment directory " + exp.string() + " (" +
+                            (ec ? ec.message() : std::string("not a directory")) +
+                            "): set run_config.storage_path to a writable directory");
+      coord.emplace(searcher_, scheduler_, stoppers_, config_, exp, leaders, comm, run.verbose);
+      coord->start(space);
+      if (coord->restored() && run.verbose > 0)
+        std::cout << "[cohort] resuming experiment " + exp.string() + " from its experiment_state.json\n" << std::flush;
+    } catch (std::exception const& e) {
+      return e.what();
+    }
+    return std::nullopt;
+  }
+
+  /// Every rank, in its trial group of ranks_per_trial: trials as the coordinator assigns them
+  /// (its leader asks, the group learns the answer), until it says done.
+  void run_trials(std::optional<coordinator_type>& coord, run_config const& run, std::filesystem::path const& exp,
+                  MPI_Comm comm, comm::mpi& world) {
+    int const rank = world.rank(), per = config_.ranks_per_trial;
+    int const timeout_ms = std::max(run.collective_timeout_ms, 0);
     comm::mpi group = world.split(rank / per, rank);
     group.set_options({.timeout_ms = timeout_ms, .name = "trial group"});
     bool const leader = group.rank() == 0;
-
-    cohort::detail::signal_guard signals;  // SIGTERM/SIGINT between trials: no new trial starts
     run_config trial_run = run;
     trial_run.storage_path = exp.string();
     trial_run.verbose = run.verbose >= 2 ? 1 : 0;
@@ -205,27 +228,7 @@ class tuner {
       auto const id = assignment.at("trial_id").get<std::string>();
       trial_run.name = id;
       trial_run.resume_from_checkpoint = assignment.value("restore_from", std::string{});
-      cohort::detail::report_listener listener = [&](nlohmann::json const& row) {
-        nlohmann::json msg{{"trial_id", id}, {"row", row}};
-        if (rank == 0) return coord->local_result(std::move(msg));
-        tuning::detail::send_json(comm, 0, tuning::detail::result_tag, msg);
-        return tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag);
-      };
-      // A signal that arrived between trials stops the experiment before this one starts (the
-      // trial stays pending); the trainer's own guard handles signals during the trial.
-      std::int32_t signal = cohort::detail::stop_signal().load();
-      group.allreduce(&signal, 1, comm::reduce_op::max);
-      cohort::result<void> r;
-      if (signal != 0) {
-        r.preempted = true;
-        r.error = std::string("stopped by ") + (signal == SIGINT ? "SIGINT" : "SIGTERM");
-      } else {
-        auto run_result = trainer_.fit(assignment.at("config"), trial_run, group, listener);
-        r.preempted = run_result.preempted;
-        r.error = run_result.error;
-        r.stopped = run_result.stopped;
-        if (r.preempted) cohort::detail::stop_signal().store(SIGTERM);  // the trainer's guard is gone: keep it stopped
-      }
+      auto r = run_trial(coord, assignment.at("config"), trial_run, comm, group, rank);
       if (leader) {
         nlohmann::json msg{{"trial_id", id},
                            {"outcome", r.preempted ? "preempted" : r.error ? "error" : r.stopped.value_or("finished")}};
@@ -234,11 +237,42 @@ class tuner {
         else tuning::detail::send_json(comm, 0, tuning::detail::complete_tag, msg);
       }
     }
-    if (server.joinable()) server.join();
-    // The result grid, the same on every rank: rank 0 moves it out of the coordinator and sends
-    // it as text written row by row (no second JSON tree of every result); the others parse it.
+  }
+
+  /// One trial on this rank's group: the trainer run with a listener that sends every report to
+  /// the coordinator and returns its decision. A signal that arrived between trials stops the
+  /// experiment before this one starts (the trial stays pending); the trainer's own guard handles
+  /// signals during the trial.
+  cohort::result<void> run_trial(std::optional<coordinator_type>& coord, nlohmann::json const& config,
+                                 run_config const& trial_run, MPI_Comm comm, comm::mpi& group, int rank) {
+    cohort::detail::report_listener listener = [&, id = trial_run.name](nlohmann::json const& row) {
+      nlohmann::json msg{{"trial_id", id}, {"row", row}};
+      if (rank == 0) return coord->local_result(std::move(msg));
+      tuning::detail::send_json(comm, 0, tuning::detail::result_tag, msg);
+      return tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag);
+    };
+    std::int32_t signal = cohort::detail::stop_signal().load();
+    group.allreduce(&signal, 1, comm::reduce_op::max);
+    cohort::result<void> r;
+    if (signal != 0) {
+      r.preempted = true;
+      r.error = std::string("stopped by ") + (signal == SIGINT ? "SIGINT" : "SIGTERM");
+      return r;
+    }
+    auto run_result = trainer_.fit(config, trial_run, group, listener);
+    r.preempted = run_result.preempted;
+    r.error = run_result.error;
+    r.stopped = run_result.stopped;
+    if (r.preempted) cohort::detail::stop_signal().store(SIGTERM);  // the trainer's guard is gone: keep it stopped
+    return r;
+  }
+
+  /// The result grid, the same on every rank: rank 0 moves it out of the coordinator and sends
+  /// it as text written row by row (no second JSON tree of every result); the others parse it.
+  tuning::result_grid gather_results(tuning::result_grid out, std::optional<coordinator_type>& coord, comm::mpi& world) {
+    int const rank = world.rank();
     if (rank == 0) out.trials = coord->take_trials();
-    if (size > 1) {
+    if (world.size() > 1) {
       std::string text;
       if (rank == 0) text = tuning::detail::encode_trials(out.trials);
       text = comm::broadcast_string(world, std::move(text));
@@ -251,7 +285,6 @@ class tuner {
     return out;
   }
 
- private:
   static tuning::result_grid fail(tuning::result_grid out, std::string const& message, int rank) {
     std::cerr << ("[cohort] rank " + std::to_string(rank) + ": error: " + message + "\n") << std::flush;
     out.error = message;
@@ -259,7 +292,7 @@ class tuner {
   }
 
   template <class T, class... Ps>
-  static T pick(Ps const&... ps) {
+  static T policy_argument(Ps const&... ps) {
     std::optional<T> found;
     ([&] {
       if constexpr (std::is_same_v<Ps, T>) found.emplace(ps);
@@ -267,14 +300,14 @@ class tuner {
     return found ? *found : T{};
   }
   template <class... Ps>
-  static tune_config pick_config(Ps const&... ps) {
-    return pick<tune_config>(ps...);
+  static tune_config config_argument(Ps const&... ps) {
+    return policy_argument<tune_config>(ps...);
   }
 
   tune_config config_;
   searcher_type searcher_;
   scheduler_type scheduler_;
-  decltype(tuning::detail::stoppers_of(std::declval<Policies const&>()...)) stoppers_;
+  stoppers_type stoppers_;
   decltype(tuning::detail::make_trainer(std::declval<Trainable>(), std::declval<tune_config const&>())) trainer_;
 };
 

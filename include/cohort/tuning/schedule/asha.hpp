@@ -2,6 +2,7 @@
 /// \file
 /// Asynchronous successive halving (Ray's AsyncHyperBandScheduler, "ASHA").
 
+#include "cohort/detail/internal_state.hpp"
 #include "cohort/tuning/schedule/common.hpp"
 
 namespace cohort::schedule {
@@ -172,8 +173,11 @@ struct asha {
   /// How many trials asha has stopped so far.
   std::size_t num_stopped() const { return state_.num_stopped; }
 
-  /// Internal state, not a knob: leave it out of the initializer.
-  detail::asha_state state_{};
+  /// The bracket each trial was placed in, by trial id.
+  std::map<std::string, std::size_t> const& trial_brackets() const { return state_.trial_bracket; }
+
+  /// Brackets, rungs and the rng (not a knob; only asha reaches it).
+  cohort::detail::internal_state<detail::asha_state, asha> state_;
 
  private:
   void require_setup() const {

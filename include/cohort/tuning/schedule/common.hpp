@@ -20,8 +20,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cohort/tuning/concepts.hpp"
 #include "cohort/error.hpp"
+#include "cohort/tuning/concepts.hpp"
 #include "cohort/tuning/decision.hpp"
 
 namespace cohort::schedule {
@@ -82,7 +82,7 @@ inline double number_or(json const& j, double fallback) { return j.is_number() ?
 inline double uniform01(std::mt19937_64& g) { return std::ldexp(static_cast<double>(g() >> 11), -53); }
 
 /// Uniform index in [0, n), n > 0, from one draw.
-inline std::size_t pick(std::mt19937_64& g, std::size_t n) {
+inline std::size_t uniform_index_one_draw(std::mt19937_64& g, std::size_t n) {
   return std::min(n - 1, static_cast<std::size_t>(uniform01(g) * static_cast<double>(n)));
 }
 

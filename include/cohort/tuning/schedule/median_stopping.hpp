@@ -2,6 +2,7 @@
 /// \file
 /// The median stopping rule (Ray's MedianStoppingRule).
 
+#include "cohort/detail/internal_state.hpp"
 #include "cohort/tuning/schedule/common.hpp"
 
 namespace cohort::schedule {
@@ -155,8 +156,14 @@ struct median_stopping {
     }
   }
 
-  /// Internal state, not a knob: leave it out of the initializer.
-  detail::median_state state_{};
+  /// How many results of `trial_id` the rule holds (0 for a trial it has not seen).
+  std::size_t results_held(std::string const& trial_id) const {
+    auto it = state_.trials.find(trial_id);
+    return it == state_.trials.end() ? 0 : it->second.results.size();
+  }
+
+  /// Each trial's results (not a knob; only median_stopping reaches it).
+  cohort::detail::internal_state<detail::median_state, median_stopping> state_;
 
  private:
   void require_setup() const {

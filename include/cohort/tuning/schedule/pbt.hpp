@@ -2,6 +2,7 @@
 /// \file
 /// Population based training (Ray's PopulationBasedTraining), and the mutations it explores with.
 
+#include "cohort/detail/internal_state.hpp"
 #include "cohort/tuning/schedule/common.hpp"
 
 namespace cohort::schedule {
@@ -87,7 +88,7 @@ inline nlohmann::json resample_range(mutation_range const& r, bool integer, std:
   if (integer && !r.log) {
     double const lo = std::ceil(r.low), hi = std::floor(r.high);
     return nlohmann::json(static_cast<std::int64_t>(lo) +
-                          static_cast<std::int64_t>(pick(g, static_cast<std::size_t>(hi - lo) + 1)));
+                          static_cast<std::int64_t>(uniform_index_one_draw(g, static_cast<std::size_t>(hi - lo) + 1)));
   }
   double const u = uniform01(g);
   double x =
@@ -198,7 +199,7 @@ struct pbt {
 
     auto [lower, upper] = quantiles();
     if (std::find(lower.begin(), lower.end(), me) == lower.end() || upper.empty()) return {};
-    detail::pbt_trial const* donor = upper[detail::pick(state_.rng, upper.size())];
+    detail::pbt_trial const* donor = upper[detail::uniform_index_one_draw(state_.rng, upper.size())];
     nlohmann::json config = explore(donor->config);
     me->config = config;
     me->last_perturbation_time = donor->last_perturbation_time;
@@ -253,8 +254,8 @@ struct pbt {
   /// How many exploits PBT has decided so far.
   std::size_t num_perturbations() const { return state_.num_perturbations; }
 
-  /// Internal state, not a knob: leave it out of the initializer.
-  detail::pbt_state state_{};
+  /// The trials' scores and the rng (not a knob; only pbt reaches it).
+  cohort::detail::internal_state<detail::pbt_state, pbt> state_;
 
  private:
   void require_setup() const {
@@ -292,10 +293,10 @@ struct pbt {
       if (auto const* values = m.as_values()) {
         auto pos = old ? std::find(values->begin(), values->end(), *old) : values->end();
         if (resample || pos == values->end()) {
-          out[ptr] = (*values)[detail::pick(g, values->size())];
+          out[ptr] = (*values)[detail::uniform_index_one_draw(g, values->size())];
         } else {
           auto const idx = static_cast<std::ptrdiff_t>(pos - values->begin());
-          auto const shift = detail::pick(g, 2) == 0 ? -1 : 1;
+          auto const shift = detail::uniform_index_one_draw(g, 2) == 0 ? -1 : 1;
           auto const last = static_cast<std::ptrdiff_t>(values->size()) - 1;
           out[ptr] = (*values)[static_cast<std::size_t>(std::clamp(idx + shift, std::ptrdiff_t{0}, last))];
         }
@@ -305,7 +306,7 @@ struct pbt {
         if (resample || old == nullptr || !old->is_number()) {
           out[ptr] = detail::resample_range(r, integer, g);
         } else {
-          double const factor = perturbation_factors[detail::pick(g, perturbation_factors.size())];
+          double const factor = perturbation_factors[detail::uniform_index_one_draw(g, perturbation_factors.size())];
           double x = old->get<double>() * factor;
           if (integer) x = std::round(x);
           out[ptr] = detail::as_number(std::clamp(x, r.low, r.high), integer);
