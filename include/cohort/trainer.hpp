@@ -427,6 +427,7 @@ class trainer {
         out.value.emplace();
       } else {
         out.value.emplace(invoke_fn(ctx, param));
+        if (reports.under_tuner()) report_returned(ctx, *out.value);
       }
       steps.agree(detail::step::end);  // every rank returned, from the same place
       reports.flush();                 // async checkpoints still in flight
@@ -445,6 +446,16 @@ class trainer {
       out.failure = "unknown exception";
     }
     return out;
+  }
+
+  /// Under a tuner, a return value that is a JSON object is the trial's final result (Ray Tune's
+  /// function trainables: `return {{"acc", acc}};`), reported as a last report() would be: in
+  /// result.json, and seen by the searcher, the scheduler and the stoppers. Other values are not
+  /// results.
+  template <class Value>
+  static void report_returned(context& ctx, Value const& value) {
+    nlohmann::json const j = value;
+    if (j.is_object()) ctx.report(j);
   }
 
   /// A rank that failed on its own tells the others at their next agreement point; it waits at

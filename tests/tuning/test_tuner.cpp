@@ -95,6 +95,30 @@ TEST_CASE("a grid search runs every trial once, spread over the groups", "[tunin
   }
 }
 
+TEST_CASE("a functor's returned JSON object is its trial's final result, as in Ray Tune", "[tuning][mpi]") {
+  auto const storage = cohort_test::scratch("tune_return");
+  // One report along the way, then the final figures returned (Ray's `return {"acc": acc}`).
+  auto trainable = [](cohort::context& ctx, nlohmann::json const& config) {
+    double const x = config.at("x").get<double>();
+    ctx.report({{"score", -100.0}});
+    return nlohmann::json{{"score", -(x - 2) * (x - 2)}, {"returned", true}};
+  };
+  cohort::tuner tuner{trainable, cohort::tune_config{.metric = "score", .mode = cohort::max, .status_interval_s = 1e9}};
+  auto grid = tuner.fit(cohort::space{{"x", cohort::grid_search({1.0, 2.0, 4.0})}},
+                        {.name = "returned", .storage_path = storage.string(), .verbose = 0});
+  REQUIRE(grid.ok());
+  REQUIRE(grid.size() == 3);
+  for (auto const& t : grid.trials) {
+    CHECK(t.status == "TERMINATED");
+    REQUIRE(t.metrics_history.size() == 2);  // the report, then the returned object
+    CHECK(t.metrics.value("returned", false));
+    CHECK(t.metrics.at("training_iteration") == 2);
+  }
+  // The searcher ranks by the returned score (the reported -100 would tie every trial).
+  CHECK(grid.best_result().config.at("x") == 2.0);
+  if (world_rank() == 0) CHECK(lines_of(storage / "returned" / grid.best_result().id / "result.json") == 2);
+}
+
 TEST_CASE("ranks_per_trial splits the world into groups that each run one trial at a time", "[tuning][mpi]") {
   int const n = world_size();
   int const per = n == 1 ? 1 : 2;
