@@ -246,7 +246,8 @@ class trainer {
     using return_type = decltype(invoke_fn(std::declval<context&>(), std::declval<param_type const&>()));
     result<return_type> out;
 
-    detail::run_comms comms(comm, std::max(run.collective_timeout_ms, 0));
+    int const timeout_ms = std::max(run.collective_timeout_ms, 0);  // 0: no deadline
+    detail::run_comms comms(comm, timeout_ms);
     int const rank = comms.control.rank();
     auto setup = agree_on_config<param_type>(config, run, comms.control);
     auto const run_path = std::filesystem::path(run.storage_path) / setup.name;
@@ -273,7 +274,7 @@ class trainer {
                 shard, &detail::get_or(policies_, no_datasets), seed);
     if (opened.resume.contains("path"))
       ctx.set_resume_checkpoint(cohort::checkpoint::from_directory(opened.resume["path"].template get<std::string>()));
-    ctx.set_collective_timeout_ms(std::max(run.collective_timeout_ms, 0));
+    ctx.set_collective_timeout_ms(timeout_ms);
     detail::position_guard where([&steps] { return steps.where(); });  // named in deadline messages
     detail::signal_guard signals;  // SIGTERM/SIGINT: stop at the next report, on every rank
 

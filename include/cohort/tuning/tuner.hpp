@@ -150,7 +150,7 @@ class tuner {
         coord->serve();
       });
     cohort::detail::signal_guard signals;  // SIGTERM/SIGINT between trials: no new trial starts
-    run_trials(coord, run, exp, comm, world);
+    run_trials(coord, run, exp, comm, world, timeout_ms);
     if (server.joinable()) server.join();
     return gather_results(std::move(out), coord, world);
   }
@@ -201,9 +201,8 @@ class tuner {
   /// Every rank, in its trial group of ranks_per_trial: trials as the coordinator assigns them
   /// (its leader asks, the group learns the answer), until it says done.
   void run_trials(std::optional<coordinator_type>& coord, run_config const& run, std::filesystem::path const& exp,
-                  MPI_Comm comm, comm::mpi& world) {
+                  MPI_Comm comm, comm::mpi& world, int timeout_ms) {
     int const rank = world.rank(), per = config_.ranks_per_trial;
-    int const timeout_ms = std::max(run.collective_timeout_ms, 0);
     comm::mpi group = world.split(rank / per, rank);
     group.set_options({.timeout_ms = timeout_ms, .name = "trial group"});
     bool const leader = group.rank() == 0;
