@@ -64,39 +64,7 @@ class gradient_reducer {
                    std::unique_ptr<device_buckets> device = nullptr, lockstep* steps = nullptr)
       : comm_(c), params_(std::move(params)), steps_(steps), device_(std::move(device)) {
     torch::NoGradGuard no_grad;
-    std::vector<tensor_spec> specs;
-    for (auto const& p : params_) specs.push_back({p.nbytes(), static_cast<int>(p.scalar_type())});
-    auto plan = plan_buckets(specs, options);
-    slot_of_.resize(params_.size());
-    aliases_.resize(params_.size());
-    for (std::size_t b = 0; b < plan.size(); ++b) {
-      bucket bk;
-      std::int64_t numel = 0;
-      for (auto i : plan[b].tensors) {
-        slot_of_[i] = b;
-        numel += params_[i].numel();
-      }
-      auto const& first = params_[plan[b].tensors.front()];
-      auto st = first.scalar_type();
-      bool const half = st == torch::kBFloat16 || st == torch::kHalf;
-      if (st != torch::kFloat && st != torch::kDouble && !(device_ && half))
-        throw cohort::error(std::string("prepare_model: gradients of dtype ") + std::string(c10::toString(st)) +
-                            (device_ ? " are not supported by NCCL: use float32, float64, bfloat16 or float16 parameters"
-                                     : " are not supported by the MPI backend: use float32 or float64 parameters"));
-      bk.params = plan[b].tensors;
-      bk.flat = torch::zeros({numel}, first.options().requires_grad(false));
-      if (options.compression != gradient_compression::none && st == torch::kFloat)
-        bk.packed = torch::empty({numel}, bk.flat.options().dtype(
-                                              options.compression == gradient_compression::bfloat16 ? torch::kBFloat16 : torch::kHalf));
-      std::int64_t offset = 0;
-      for (auto i : plan[b].tensors) {
-        // set_ (not narrow): a plain tensor sharing the bucket's storage, so that optimizers may
-        // detach_() it as they do any .grad (a view would refuse).
-        aliases_[i] = torch::empty({0}, bk.flat.options()).set_(bk.flat.storage(), offset, params_[i].sizes());
-        offset += params_[i].numel();
-      }
-      buckets_.push_back(std::move(bk));
-    }
+    make_buckets(options);
     done_.assign(buckets_.size(), 0);
     int const ranks = device_ ? device_->size() : comm_.size();
     inv_size_f_ = 1.0f / static_cast<float>(ranks);
@@ -171,6 +139,50 @@ class gradient_reducer {
     gradient_reducer* reducer;
     std::size_t index;
   };
+
+  /// The flat buckets of plan_buckets' plan, one buffer each (and its packed copy under
+  /// compression), and each parameter's slot in its bucket (aliases_). Throws cohort::error for a
+  /// gradient dtype the backend cannot reduce.
+  void make_buckets(model_options const& options) {
+    std::vector<tensor_spec> specs;
+    for (auto const& p : params_) specs.push_back({p.nbytes(), static_cast<int>(p.scalar_type())});
+    auto plan = plan_buckets(specs, options);
+    slot_of_.resize(params_.size());
+    aliases_.resize(params_.size());
+    for (std::size_t b = 0; b < plan.size(); ++b) {
+      bucket bk;
+      std::int64_t numel = 0;
+      for (auto i : plan[b].tensors) {
+        slot_of_[i] = b;
+        numel += params_[i].numel();
+      }
+      auto const& first = params_[plan[b].tensors.front()];
+      auto st = first.scalar_type();
+      check_reducible(st);
+      bk.params = plan[b].tensors;
+      bk.flat = torch::zeros({numel}, first.options().requires_grad(false));
+      if (options.compression != gradient_compression::none && st == torch::kFloat)
+        bk.packed = torch::empty({numel}, bk.flat.options().dtype(
+                                              options.compression == gradient_compression::bfloat16 ? torch::kBFloat16 : torch::kHalf));
+      std::int64_t offset = 0;
+      for (auto i : plan[b].tensors) {
+        // set_ (not narrow): a plain tensor sharing the bucket's storage, so that optimizers may
+        // detach_() it as they do any .grad (a view would refuse).
+        aliases_[i] = torch::empty({0}, bk.flat.options()).set_(bk.flat.storage(), offset, params_[i].sizes());
+        offset += params_[i].numel();
+      }
+      buckets_.push_back(std::move(bk));
+    }
+  }
+
+  /// float32 and float64 everywhere; bfloat16 and float16 too on the GPU (NCCL).
+  void check_reducible(torch::ScalarType st) const {
+    bool const half = st == torch::kBFloat16 || st == torch::kHalf;
+    if (st != torch::kFloat && st != torch::kDouble && !(device_ && half))
+      throw cohort::error(std::string("prepare_model: gradients of dtype ") + std::string(c10::toString(st)) +
+                          (device_ ? " are not supported by NCCL: use float32, float64, bfloat16 or float16 parameters"
+                                   : " are not supported by the MPI backend: use float32 or float64 parameters"));
+  }
 
   bool bound(std::size_t i) const {
     auto const& g = params_[i].grad();

@@ -126,7 +126,7 @@ struct basic {
     state_.count = state.at("count").get<std::size_t>();
   }
 
-  cohort::detail::internal_state<detail::basic_state, basic> state_;  ///< not a knob; only basic reaches it
+  cohort::detail::internal_state<detail::basic_state, basic> state_{};  ///< not a knob; only basic reaches it
 };
 static_assert(cohort::searcher<basic>);
 
@@ -438,7 +438,7 @@ struct tpe {
     for (auto const& o : state.at("observations")) state_.observations.push_back(obs_of(o));
   }
 
-  cohort::detail::internal_state<detail::tpe_state, tpe> state_;  ///< not a knob; only tpe reaches it
+  cohort::detail::internal_state<detail::tpe_state, tpe> state_{};  ///< not a knob; only tpe reaches it
 
  private:
   using group = std::vector<detail::observation const*>;

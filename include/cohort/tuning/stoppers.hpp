@@ -150,7 +150,7 @@ struct plateau {
   }
 
   /// Each trial's latest values (not a knob; only plateau reaches it).
-  cohort::detail::internal_state<std::map<std::string, detail::plateau_trial>, plateau> state_;
+  cohort::detail::internal_state<std::map<std::string, detail::plateau_trial>, plateau> state_{};
 
  private:
   void check() const {
@@ -210,7 +210,7 @@ struct maximum_iterations {
   }
 
   /// Results seen per trial (not a knob; only maximum_iterations reaches it).
-  cohort::detail::internal_state<std::map<std::string, std::int64_t>, maximum_iterations> state_;
+  cohort::detail::internal_state<std::map<std::string, std::int64_t>, maximum_iterations> state_{};
 
  private:
   void check() const {

@@ -177,7 +177,7 @@ struct asha {
   std::map<std::string, std::size_t> const& trial_brackets() const { return state_.trial_bracket; }
 
   /// Brackets, rungs and the rng (not a knob; only asha reaches it).
-  cohort::detail::internal_state<detail::asha_state, asha> state_;
+  cohort::detail::internal_state<detail::asha_state, asha> state_{};
 
  private:
   void require_setup() const {

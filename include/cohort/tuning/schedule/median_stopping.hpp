@@ -163,7 +163,7 @@ struct median_stopping {
   }
 
   /// Each trial's results (not a knob; only median_stopping reaches it).
-  cohort::detail::internal_state<detail::median_state, median_stopping> state_;
+  cohort::detail::internal_state<detail::median_state, median_stopping> state_{};
 
  private:
   void require_setup() const {

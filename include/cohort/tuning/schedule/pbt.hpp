@@ -255,7 +255,7 @@ struct pbt {
   std::size_t num_perturbations() const { return state_.num_perturbations; }
 
   /// The trials' scores and the rng (not a knob; only pbt reaches it).
-  cohort::detail::internal_state<detail::pbt_state, pbt> state_;
+  cohort::detail::internal_state<detail::pbt_state, pbt> state_{};
 
  private:
   void require_setup() const {

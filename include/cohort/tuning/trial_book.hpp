@@ -1,0 +1,371 @@
+#pragma once
+/// \file
+/// The tuner's book of trials: every trial of an experiment and the decisions about them (which
+/// trial runs next, what a reported result means for it, what a finished trial becomes), made
+/// by the searcher, the scheduler and the stoppers it owns. No MPI and no threads: the
+/// coordinator (coordinator.hpp) serves it to the trial groups under its mutex, and the tests
+/// drive it on one rank.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/checkpointing/checkpoint.hpp"
+#include "cohort/detail/utc_stamp.hpp"
+#include "cohort/report/trial_table.hpp"
+#include "cohort/tuning/decision.hpp"
+#include "cohort/tuning/experiment_state.hpp"
+#include "cohort/tuning/result_grid.hpp"
+#include "cohort/tuning/search_space.hpp"
+#include "cohort/tuning/tune_config.hpp"
+
+namespace cohort::tuning::detail {
+
+/// The id of the n-th trial: trial_00000, trial_00001, ...
+inline std::string trial_id(std::size_t n) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "trial_%05zu", n);
+  return buf;
+}
+
+/// PBT: copies the latest good checkpoint of trial `donor` into trial `into`'s directory (the
+/// donor's retention may delete its own copy at any time) as exploit_<n>_<donor>_<name>, `n`
+/// the experiment's count of clones (`clones`, advanced first), and returns the copy's path;
+/// nothing when the donor has none (`clones` unchanged) or the copy fails.
+inline std::optional<std::string> clone_checkpoint(std::filesystem::path const& exp, std::string const& donor,
+                                                   std::string const& into, std::size_t& clones) {
+  auto from = cohort::checkpointing::latest_good(exp / donor);
+  if (!from) return std::nullopt;
+  auto dest = exp / into / ("exploit_" + std::to_string(++clones) + "_" + donor + "_" + from->path().filename().string());
+  std::error_code ec;
+  std::filesystem::create_directories(dest.parent_path(), ec);
+  std::filesystem::copy(from->path(), dest, std::filesystem::copy_options::recursive, ec);
+  if (ec || cohort::checkpointing::verify(dest)) {
+    std::filesystem::remove_all(dest, ec);
+    return std::nullopt;
+  }
+  return dest.string();
+}
+
+/// PBT: the committed checkpoints of a trial that continues from a donor's belong to the
+/// abandoned lineage: kept, moved under its superseded/ (suffixed _<n>).
+inline void supersede_checkpoints(std::filesystem::path const& trial_dir, std::size_t n) {
+  std::error_code ec;
+  auto old = cohort::checkpointing::committed(trial_dir);
+  if (!old.empty()) std::filesystem::create_directories(trial_dir / "superseded", ec);
+  for (auto const& dir : old)
+    std::filesystem::rename(dir, trial_dir / "superseded" / (dir.filename().string() + "_" + std::to_string(n)), ec);
+}
+
+/// On resuming: trial directories of `exp` that experiment_state.json does not list (begun after
+/// its last write; the searcher suggests them again under the same ids) are moved aside as
+/// <id>.orphaned_<time> rather than resumed from a checkpoint that may belong to another config.
+template <class Known>
+void set_aside_orphans(std::filesystem::path const& exp, Known const& known) {
+  std::error_code ec;
+  for (auto const& entry : std::filesystem::directory_iterator(exp, ec)) {
+    auto name = entry.path().filename().string();
+    if (name.rfind("trial_", 0) == 0 && name.size() == 11 && !known.contains(name))
+      std::filesystem::rename(entry.path(), exp / (name + ".orphaned_" + cohort::detail::utc_stamp()), ec);
+  }
+}
+
+/// The trials of one experiment in the directory `exp`, at most `concurrent` of them running at
+/// once, and the searcher, scheduler and stoppers that decide about them. Messages in and out are
+/// the JSON the trial groups exchange with the coordinator (messages.hpp): an assignment
+/// {"trial_id", "config", "restore_from"} or {"done": true}; a result {"trial_id", "row"} answered
+/// with {"what": proceed|stop|pause|exploit|preempt|error}; a completion {"trial_id", "outcome"}.
+template <class Searcher, class Scheduler, class Stoppers>
+class trial_book {
+ public:
+  trial_book(Searcher searcher, Scheduler scheduler, Stoppers stoppers, tune_config cfg, std::filesystem::path exp,
+             std::size_t concurrent)
+      : searcher_(std::move(searcher)), scheduler_(std::move(scheduler)), stoppers_(std::move(stoppers)),
+        cfg_(std::move(cfg)), exp_(std::move(exp)), concurrent_(concurrent) {}
+
+  /// Sets up the searcher and scheduler, and restores an interrupted experiment from
+  /// experiment_state.json when there is one. Throws cohort::error on bad input.
+  void start(tuning::space const& space) {
+    objective const obj{cfg_.metric, cfg_.mode};
+    searcher_.setup(space, obj, cfg_.num_samples);
+    scheduler_.setup(obj);
+    auto state_path = exp_ / "experiment_state.json";
+    std::error_code ec;
+    if (!std::filesystem::exists(state_path, ec)) return;
+    auto state = read_experiment_state(state_path);  // checked: ids, statuses, fields
+    restore_policies(state, searcher_, scheduler_, state_path);
+    next_ = state.next_trial;
+    exhausted_ = state.searcher_exhausted;
+    for (auto& t : state.trials) {
+      std::ifstream rows(exp_ / t.id / "result.json", std::ios::binary);
+      t.history = parse_result_rows(std::string{std::istreambuf_iterator<char>(rows), std::istreambuf_iterator<char>()});
+      if (t.status == "RUNNING" || t.status == "PENDING") {
+        t.status = "PENDING";
+        queue_.push_back(t.id);
+      } else if (t.status == "PAUSED") {
+        paused_.push_back(t.id);
+      }
+      order_.push_back(t.id);
+      trials_.emplace(t.id, std::move(t));
+    }
+    set_aside_orphans(exp_, trials_);
+    restored_ = true;
+  }
+
+  /// Whether start() restored an interrupted experiment.
+  bool restored() const { return restored_; }
+
+  /// Whether anything changed since the last state() was taken.
+  bool dirty() const { return dirty_; }
+
+  /// The next trial for a free group, {"done": true} when there will be none, or nothing yet.
+  std::optional<nlohmann::json> assignment() {
+    if (running_ < concurrent_ && fatal_.empty() && !stopping_) {
+      auto id = next_to_run();
+      if (id && fatal_.empty()) {
+        auto& t = trials_.at(*id);
+        t.status = "RUNNING";
+        ++running_;
+        dirty_ = true;
+        if (!t.restore_from.empty() && !cohort::checkpointing::committed(exp_ / t.id).empty()) t.restore_from.clear();
+        return nlohmann::json{{"trial_id", t.id}, {"config", t.config}, {"restore_from", t.restore_from}};
+      }
+    }
+    bool const more = fatal_.empty() && !stopping_ && (!queue_.empty() || !paused_.empty() || !exhausted_);
+    if (running_ == 0 && !more) return nlohmann::json{{"done", true}};
+    return std::nullopt;
+  }
+
+  /// A result of a running trial: the stoppers and the scheduler decide what it does next.
+  nlohmann::json on_result(nlohmann::json msg) {
+    auto& t = trials_.at(msg.at("trial_id").get<std::string>());
+    t.history.push_back(std::move(msg.at("row")));
+    auto const& row = t.history.back();
+    dirty_ = true;
+    if (!preempted_.empty()) return {{"what", "preempt"}};  // every running trial stops, resumable
+    if (stopping_) return {{"what", "stop"}};
+    bool stop = std::apply([&](auto&... s) { return (false || ... || s.stop_trial(t.id, row)); }, stoppers_);
+    if (out_of_budget()) stop = true;
+    if (stop) return {{"what", "stop"}};
+    scheduling_decision d;
+    try {
+      d = scheduler_.on_trial_result(t.id, row);
+    } catch (std::exception const& e) {
+      return {{"what", "error"}, {"error", std::string("the scheduler failed on ") + t.id + ": " + e.what()}};
+    }
+    switch (d.what) {
+      case decision::proceed:
+        return {{"what", "proceed"}};
+      case decision::stop:
+        return {{"what", "stop"}};
+      case decision::pause:
+        // A trial resumed after a pause with nothing else to run would be paused forever.
+        if (t.resumed_after_pause && running_ <= 1 && queue_.empty()) return {{"what", "proceed"}};
+        return {{"what", "pause"}};
+      case decision::exploit:
+        return exploit(t, std::move(d));
+    }
+    return {{"what", "proceed"}};
+  }
+
+  /// A trial ended (its group sends the outcome: done, error, pause, exploit, preempted).
+  void on_complete(nlohmann::json const& msg) {
+    auto& t = trials_.at(msg.at("trial_id").get<std::string>());
+    auto const outcome = msg.at("outcome").get<std::string>();
+    --running_;
+    dirty_ = true;
+    if (outcome == "error") {
+      t.status = "ERROR";
+      t.error = msg.value("error", std::string("failed"));
+      safely([&] { searcher_.on_trial_complete(t.id, nlohmann::json()); });
+      safely([&] { scheduler_.on_trial_complete(t.id, t.last()); });
+    } else if (outcome == "preempted" || outcome == "preempt") {
+      // SIGTERM/SIGINT: the trial committed its checkpoint; it resumes when the experiment is rerun.
+      t.status = "PENDING";
+      queue_.push_front(t.id);
+      stopping_ = true;
+      if (preempted_.empty()) preempted_ = msg.value("error", std::string("stopped by a signal"));
+    } else if (outcome == "pause") {
+      t.status = "PAUSED";
+      paused_.push_back(t.id);
+    } else if (outcome == "exploit" && t.exploit) {
+      continue_from_donor(t);
+    } else {
+      t.status = "TERMINATED";
+      safely([&] { searcher_.on_trial_complete(t.id, t.last()); });
+      safely([&] { scheduler_.on_trial_complete(t.id, t.last()); });
+    }
+  }
+
+  /// The experiment's time budget (the stoppers' stop_all): true once it is spent, after which
+  /// no trial starts and every running one stops at its next result.
+  bool out_of_budget() {
+    if (!stopping_ && std::apply([&](auto&... s) { return (false || ... || s.stop_all(elapsed_s())); }, stoppers_))
+      stopping_ = true;
+    return stopping_;
+  }
+
+  /// The experiment cannot go on: running trials stop at their next result, no new one starts,
+  /// and fit() reports `why` on every rank.
+  void fail(std::string const& why) {
+    if (fatal_.empty()) fatal_ = why;
+    stopping_ = true;
+  }
+
+  /// Seconds since the book was made.
+  double elapsed_s() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+  /// Every trial, in creation order, as the status table and trials.csv show it.
+  std::vector<report::trial_row> rows() const {
+    std::vector<report::trial_row> out;
+    for (auto const& id : order_) {
+      auto const& t = trials_.at(id);
+      out.push_back({t.id, t.status, t.config, t.last(), (exp_ / t.id).string(), t.error});
+    }
+    return out;
+  }
+
+  /// experiment_state.json's contents (parse_experiment_state reads them back); clears dirty().
+  nlohmann::json state() {
+    dirty_ = false;
+    nlohmann::json trials = nlohmann::json::array();
+    for (auto const& id : order_) trials.push_back(trials_.at(id));
+    return {{"trials", trials}, {"searcher", searcher_.save_state()}, {"scheduler", scheduler_.save_state()},
+            {"next_trial", next_}, {"searcher_exhausted", exhausted_}};
+  }
+
+  /// At the end: every trial, in creation order, their histories moved out of the book.
+  std::vector<tuning::trial_result> take_trials() {
+    std::vector<tuning::trial_result> out;
+    out.reserve(order_.size());
+    for (auto const& id : order_) {
+      auto& t = trials_.at(id);
+      tuning::trial_result r{t.id, t.status, t.config, t.last(), std::move(t.history), exp_ / t.id, std::nullopt};
+      if (!t.error.empty()) r.error = t.error;
+      out.push_back(std::move(r));
+    }
+    return out;
+  }
+
+  /// Why the experiment did not finish (the error and whether it was preempted), as JSON.
+  nlohmann::json outcome() const {
+    nlohmann::json out = nlohmann::json::object();
+    if (!fatal_.empty()) out["error"] = fatal_;
+    else if (!preempted_.empty()) out["error"] = preempted_ + " (the experiment resumes when rerun with the same name)";
+    if (!preempted_.empty()) out["preempted"] = true;
+    return out;
+  }
+
+ private:
+  /// The trial to start next: a queued one, else a new one from the searcher, else (the searcher
+  /// exhausted) a paused one. Nothing when there is none now.
+  std::optional<std::string> next_to_run() {
+    if (!queue_.empty()) {
+      auto id = queue_.front();
+      queue_.pop_front();
+      return id;
+    }
+    if (!exhausted_) {
+      if (auto id = suggest()) return id;
+    }
+    if (exhausted_ && !paused_.empty()) {
+      auto id = paused_.front();
+      paused_.pop_front();
+      trials_.at(id).resumed_after_pause = true;
+      return id;
+    }
+    return std::nullopt;
+  }
+
+  /// A new trial from the searcher, added to the scheduler; nothing (and exhausted) when the
+  /// searcher has no more.
+  std::optional<std::string> suggest() {
+    auto candidate = trial_id(next_);
+    std::optional<nlohmann::json> config;
+    try {
+      config = searcher_.suggest(candidate);
+    } catch (std::exception const& e) {
+      fail(std::string("the searcher failed: ") + e.what());
+    }
+    if (!config) {
+      exhausted_ = true;
+      return std::nullopt;
+    }
+    ++next_;
+    trial_state t;
+    t.id = candidate;
+    t.config = *config;
+    try {
+      scheduler_.on_trial_add(t.id, t.config);
+    } catch (std::exception const& e) {
+      fail(std::string("the scheduler failed: ") + e.what());
+    }
+    order_.push_back(t.id);
+    trials_.emplace(t.id, std::move(t));
+    return candidate;
+  }
+
+  /// PBT's exploit: the donor's checkpoint cloned into the trial's directory, the trial told to
+  /// end and start again from it (continue_from_donor, when its group completes it).
+  nlohmann::json exploit(trial_state& t, scheduling_decision d) {
+    auto clone = clone_checkpoint(exp_, d.donor, t.id, clones_);
+    if (!clone) {
+      // The donor has no committed checkpoint yet: the trial keeps its own config (PBT had
+      // already switched it to the new one; adding the trial again restores it).
+      safely([&] { scheduler_.on_trial_add(t.id, t.config); });
+      return {{"what", "proceed"}};
+    }
+    d.config = d.config.is_null() ? trials_.at(d.donor).config : d.config;
+    t.exploit = d;
+    t.exploit->donor = *clone;
+    return {{"what", "exploit"}};
+  }
+
+  /// The trial continues from the donor's checkpoint with the perturbed config.
+  void continue_from_donor(trial_state& t) {
+    supersede_checkpoints(exp_ / t.id, clones_);
+    t.config = t.exploit->config;
+    t.restore_from = t.exploit->donor;
+    t.exploit.reset();
+    t.status = "PENDING";
+    queue_.push_front(t.id);
+  }
+
+  template <class F>
+  void safely(F&& f) {
+    try {
+      f();
+    } catch (std::exception const& e) {
+      fail(e.what());
+    }
+  }
+
+  Searcher searcher_;
+  Scheduler scheduler_;
+  Stoppers stoppers_;
+  tune_config cfg_;
+  std::filesystem::path exp_;
+  std::size_t concurrent_;
+  std::map<std::string, trial_state> trials_;
+  std::vector<std::string> order_;       ///< trial ids in creation order
+  std::deque<std::string> queue_, paused_;
+  std::size_t next_ = 0, running_ = 0, clones_ = 0;
+  bool exhausted_ = false, stopping_ = false, dirty_ = true, restored_ = false;
+  std::string fatal_, preempted_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace cohort::tuning::detail

@@ -1,0 +1,162 @@
+#include <cohort/tuning/trial_book.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <cohort/tuning/schedulers.hpp>
+#include <cohort/tuning/searchers.hpp>
+#include <cohort/tuning/stoppers.hpp>
+
+#include "../catch.hpp"
+#include "../support.hpp"
+
+// The tuner's decisions on one rank, without MPI or a trainer: the book of trials driven by hand
+// as the coordinator drives it with the trial groups' messages.
+
+using nlohmann::json;
+namespace search = cohort::search;
+namespace schedule = cohort::schedule;
+namespace stop = cohort::stop;
+
+namespace {
+
+template <class Stoppers = std::tuple<>>
+using grid_book = cohort::tuning::detail::trial_book<search::basic, schedule::fifo, Stoppers>;
+
+/// An empty directory of this rank's own (the cases run on every rank).
+std::filesystem::path fresh(std::string const& what) {
+  auto dir = cohort_test::scratch(what) / std::to_string(cohort_test::world_rank());
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+cohort::space const three{{"a", cohort::grid_search({1, 2, 3})}};
+
+json result(std::string const& id, double score) {
+  return {{"trial_id", id}, {"row", {{"score", score}, {"training_iteration", 1}}}};
+}
+json complete(std::string const& id, std::string const& outcome = "done") {
+  return {{"trial_id", id}, {"outcome", outcome}};
+}
+std::string id_of(std::optional<json> const& a) { return a && a->contains("trial_id") ? a->at("trial_id").get<std::string>() : ""; }
+bool done(std::optional<json> const& a) { return a && a->value("done", false); }
+
+std::vector<std::string> statuses(auto const& book) {
+  std::vector<std::string> out;
+  for (auto const& r : book.rows()) out.push_back(r.status);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the book runs at most `concurrent` trials, hands out the rest as trials end, then says done", "[tuning][pure]") {
+  // Catches: a concurrency limit not kept, a trial handed out twice, "done" before the last
+  // trial ended (its group would leave while it still reports) or never.
+  auto const dir = fresh("book_concurrent");
+  grid_book<> book({}, {}, {}, {.metric = "score"}, dir, 2);
+  book.start(three);
+  CHECK_FALSE(book.restored());
+  CHECK(id_of(book.assignment()) == "trial_00000");
+  CHECK(id_of(book.assignment()) == "trial_00001");
+  CHECK_FALSE(book.assignment());  // both slots taken
+  CHECK(book.on_result(result("trial_00000", 1.0)).at("what") == "proceed");
+  book.on_complete(complete("trial_00000"));
+  auto third = book.assignment();
+  CHECK(id_of(third) == "trial_00002");
+  CHECK(third->at("config") == json{{"a", 3}});
+  book.on_complete(complete("trial_00001"));
+  CHECK_FALSE(book.assignment());  // trial_00002 still runs
+  book.on_complete(complete("trial_00002", "error"));
+  CHECK(done(book.assignment()));
+  CHECK(statuses(book) == std::vector<std::string>{"TERMINATED", "TERMINATED", "ERROR"});
+  auto trials = book.take_trials();
+  REQUIRE(trials.size() == 3);
+  CHECK(trials[0].metrics_history.size() == 1);
+  CHECK(trials[0].metrics.at("score") == 1.0);
+  CHECK(book.outcome().empty());
+}
+
+TEST_CASE("the book's state, read back by a new book, resumes running trials first under the same ids", "[tuning][pure]") {
+  // Catches: a resumed experiment that starts trials afresh, loses one that was running, or
+  // resumes a trial from a directory the state does not list.
+  auto const dir = fresh("book_state");
+  std::string saved;
+  {
+    grid_book<> book({}, {}, {}, {.metric = "score"}, dir, 1);
+    book.start(three);
+    CHECK(id_of(book.assignment()) == "trial_00000");
+    book.on_complete(complete("trial_00000"));
+    CHECK(id_of(book.assignment()) == "trial_00001");  // running when the job stops
+    CHECK(book.dirty());
+    saved = book.state().dump();
+    CHECK_FALSE(book.dirty());
+  }
+  std::ofstream(dir / "experiment_state.json") << saved;
+  std::filesystem::create_directories(dir / "trial_00002");  // begun after the last state write
+  grid_book<> book({}, {}, {}, {.metric = "score"}, dir, 1);
+  book.start(three);
+  CHECK(book.restored());
+  CHECK_FALSE(std::filesystem::exists(dir / "trial_00002"));  // set aside, not resumed
+  CHECK(statuses(book) == std::vector<std::string>{"TERMINATED", "PENDING"});
+  CHECK(id_of(book.assignment()) == "trial_00001");
+  book.on_complete(complete("trial_00001"));
+  CHECK(id_of(book.assignment()) == "trial_00002");
+  book.on_complete(complete("trial_00002"));
+  CHECK(done(book.assignment()));
+}
+
+TEST_CASE("a spent time budget stops running trials at their next result and starts no new one", "[tuning][pure]") {
+  // Catches: a budget that lets new trials start, or leaves a running trial going.
+  auto const dir = fresh("book_budget");
+  grid_book<std::tuple<stop::time_budget>> book({}, {}, {stop::time_budget{.time_budget_s = 0}}, {.metric = "score"},
+                                                dir, 3);
+  book.start(three);
+  CHECK(id_of(book.assignment()) == "trial_00000");  // the budget is checked on results and ticks
+  CHECK(book.on_result(result("trial_00000", 1.0)).at("what") == "stop");
+  CHECK(book.out_of_budget());
+  book.on_complete(complete("trial_00000"));
+  CHECK(done(book.assignment()));
+  CHECK(statuses(book) == std::vector<std::string>{"TERMINATED"});
+}
+
+TEST_CASE("a preempted trial is pending again and the experiment ends resumable", "[tuning][pure]") {
+  // Catches: a trial stopped by SIGTERM recorded as finished (it would never resume), or an
+  // outcome that does not say the experiment resumes.
+  auto const dir = fresh("book_preempt");
+  grid_book<> book({}, {}, {}, {.metric = "score"}, dir, 2);
+  book.start(three);
+  CHECK(id_of(book.assignment()) == "trial_00000");
+  CHECK(id_of(book.assignment()) == "trial_00001");
+  book.on_complete(complete("trial_00000", "preempted"));
+  CHECK(book.on_result(result("trial_00001", 2.0)).at("what") == "preempt");
+  book.on_complete(complete("trial_00001", "preempted"));
+  CHECK(done(book.assignment()));
+  CHECK(statuses(book) == std::vector<std::string>{"PENDING", "PENDING"});
+  CHECK(book.outcome().value("preempted", false));
+  CHECK_THAT(book.outcome().value("error", ""), contains_text("resumes when rerun"));
+}
+
+TEST_CASE("a searcher that throws ends the experiment with its error once the running trials end", "[tuning][pure]") {
+  // Catches: an exception escaping the coordinator's thread (std::terminate on rank 0), or a
+  // failed experiment that still hands out trials.
+  auto const dir = fresh("book_searcher");
+  struct failing : search::basic {
+    int calls = 0;
+    std::optional<json> suggest(std::string const& id) {
+      if (++calls > 1) throw cohort::error("out of ideas");
+      return search::basic::suggest(id);
+    }
+  };
+  cohort::tuning::detail::trial_book<failing, schedule::fifo, std::tuple<>> book({}, {}, {}, {.metric = "score"}, dir, 2);
+  book.start(three);
+  CHECK(id_of(book.assignment()) == "trial_00000");
+  CHECK_FALSE(book.assignment());  // the second suggestion failed; trial_00000 still runs
+  CHECK(book.on_result(result("trial_00000", 1.0)).at("what") == "stop");
+  book.on_complete(complete("trial_00000"));
+  CHECK(done(book.assignment()));
+  CHECK_THAT(book.outcome().value("error", ""), contains_text("the searcher failed: out of ideas"));
+}
