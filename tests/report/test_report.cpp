@@ -112,12 +112,32 @@ TEST_CASE("the trial table shows each trial's status, parameters and metric; the
       {"trial_00000", "TERMINATED", {{"lr", 0.1}, {"opt", {{"m", 0.9}}}}, {{"acc", 0.5}, {"training_iteration", 3}, {"time_total_s", 1.5}}, "/x/trial_00000", ""},
       {"trial_00001", "RUNNING", {{"lr", 0.01}, {"opt", {{"m", 0.8}}}}, {{"acc", 0.25}, {"training_iteration", 1}, {"time_total_s", 0.5}}, "/x/trial_00001", ""},
       {"trial_00002", "ERROR", {{"lr", 1.0}, {"opt", {{"m", 0.0}}}}, nlohmann::json::object(), "/x/trial_00002", "boom, \"bad\""}};
-  auto table = cohort::report::trial_table(trials, "acc", 12.0);
-  CHECK_THAT(table, contains_text("3 trials: 1 ERROR 1 RUNNING 1 TERMINATED"));
+  auto table = cohort::report::trial_table(trials, 12.0, {.metric = "acc", .scheduler = "Using FIFO scheduling algorithm."});
+  CHECK_THAT(table, contains_text("3 trials: 1 ERROR 1 RUNNING 1 TERMINATED\nUsing FIFO scheduling algorithm.\n"
+                                  "Current best trial: trial_00000 with acc=0.5 and parameters={\"lr\":0.1,\"opt\":{\"m\":0.9}}\n+--"));
   CHECK_THAT(table, contains_text("| trial       | status     | lr   | opt/m | acc  | iter | total time (s) |"));
-  CHECK(table.find("trial_00001") < table.find("trial_00000"));  // running trials first
-  CHECK(cohort::report::trial_table(trials, "acc", 1.0, 2).find("1 more trials not shown") != std::string::npos);
+  CHECK(table.find("| trial_00001") < table.find("| trial_00000"));  // running trials first
+  CHECK(cohort::report::trial_table(trials, 1.0, {.metric = "acc", .max_rows = 2}).find("1 more trials not shown") != std::string::npos);
   auto csv = cohort::report::trials_csv(trials);
   CHECK(csv.substr(0, csv.find('\n')) == "trial_id,status,acc,time_total_s,training_iteration,config/lr,config/opt/m,logdir,error");
   CHECK_THAT(csv, contains_text("trial_00002,ERROR,,,,1,0,/x/trial_00002,\"boom, \"\"bad\"\"\""));
+}
+
+TEST_CASE("the current best trial is the first with the best last value of the metric, as Ray's CLIReporter picks it", "[report][pure]") {
+  // Catches: the wrong direction, the best over history instead of the last result (Ray's
+  // choice), a trial without the metric (or NaN there) taken as the best, a nested metric missed.
+  using cohort::report::best_trial_line;
+  auto row = [](std::string id, nlohmann::json last) {
+    return cohort::report::trial_row{id, "RUNNING", {{"x", id.back() - '0'}}, std::move(last), "", ""};
+  };
+  std::vector<cohort::report::trial_row> trials{
+      row("t1", {{"loss", 0.5}, {"m", {{"acc", 0.7}}}}), row("t2", {{"loss", 0.25}, {"m", {{"acc", 0.9}}}}),
+      row("t3", {{"loss", std::nan("")}}), row("t4", nlohmann::json::object()), row("t5", {{"loss", 0.25}}),
+      row("t6", {{"loss", "low"}})};
+  CHECK(best_trial_line(trials, "loss", cohort::min) == "Current best trial: t2 with loss=0.25 and parameters={\"x\":2}\n");
+  CHECK(best_trial_line(trials, "loss", cohort::max) == "Current best trial: t1 with loss=0.5 and parameters={\"x\":1}\n");
+  CHECK(best_trial_line(trials, "m/acc", cohort::max) == "Current best trial: t2 with m/acc=0.9 and parameters={\"x\":2}\n");
+  CHECK(best_trial_line(trials, "accuracy", cohort::max).empty());
+  CHECK(best_trial_line(trials, "", cohort::max).empty());
+  CHECK(best_trial_line({}, "loss", cohort::min).empty());
 }

@@ -60,6 +60,7 @@ TEST_CASE("fifo lets every trial proceed", "[tuning][pure]") {
   f.on_trial_add("a", json::object());
   for (int i = 1; i < 5; ++i) CHECK(f.on_trial_result("a", at(i, "score", -i)).what == go);
   CHECK(f.save_state() == json::object());
+  CHECK(f.debug_string() == "Using FIFO scheduling algorithm.");
 }
 
 TEST_CASE("numpy's linear nanpercentile is reproduced", "[tuning][pure]") {
@@ -108,13 +109,20 @@ TEST_CASE("asha stops trials below the median of a rung, and all trials at max_t
   };
   CHECK(replay(a, reports) == std::vector<decision>{go, go, halt, go, go, halt, go, go, go, go, go, go, halt, halt});
   CHECK(a.num_stopped() == 4);
+  // The status table's lines (Ray's debug_string): each rung's cutoff over what it recorded, 8:
+  // nothing (a trial at max_t stops before its bracket records it, as in Ray), 4: {8, 10},
+  // 2: {5, 7, 8}, 1: {3, 4, 5, 6}.
+  CHECK(a.debug_string() == "Using AsyncHyperBand: num_stopped=4\nBracket: Iter 8.000: None | Iter 4.000: 9 | Iter 2.000: 7 | Iter 1.000: 4.5");
 
   SECTION("mode min on the negated metric decides the same") {
     schedule::asha fresh{.metric = "score", .max_t = 8, .grace_period = 1, .reduction_factor = 2};
     fresh.setup({});
+    CHECK(fresh.debug_string() == "Using AsyncHyperBand: num_stopped=0\nBracket: Iter 8.000: None | Iter 4.000: None | Iter 2.000: None | Iter 1.000: None");
     schedule::asha negated{.max_t = 8, .grace_period = 1, .reduction_factor = 2};
     negated.setup({.metric = "loss", .mode = cohort::min});
     CHECK(replay(negated, reports, "loss", -1.0) == replay(fresh, reports));
+    // Cutoffs in the metric's own units: the loss a trial must stay at or below.
+    CHECK(negated.debug_string() == "Using AsyncHyperBand: num_stopped=4\nBracket: Iter 8.000: None | Iter 4.000: -9 | Iter 2.000: -7 | Iter 1.000: -4.5");
   }
 }
 
@@ -232,6 +240,7 @@ TEST_CASE("the median rule stops a trial whose best is below the median of the o
       .time_attr = "training_iteration", .metric = "score", .grace_period = 2, .min_samples_required = 2};
   m.setup({});
   CHECK(replay(m, reports) == expected);
+  CHECK(m.debug_string() == "Using MedianStoppingRule: num_stopped=2.");
 
   SECTION("in mode min on the negated metric") {
     schedule::median_stopping n{.time_attr = "training_iteration", .grace_period = 2, .min_samples_required = 2};
@@ -377,6 +386,7 @@ TEST_CASE("pbt: the bottom trial exploits the top one at the perturbation interv
   CHECK(c["name"] == "a");
   CHECK(p.config_of("D") == c);
   CHECK(p.num_perturbations() == 1);
+  CHECK(p.debug_string() == "PopulationBasedTraining: 1 perturbs");
   // A tuner that cannot carry the exploit out re-adds the trial with the config it keeps.
   auto q = population_pbt(0.25, 0.0);
   four_iterations(q);

@@ -13,14 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace cohort {
-
-/// Direction of a metric: lower is better (`min`) or higher is better (`max`).
-enum class order { min, max };
-inline constexpr order min = order::min;
-inline constexpr order max = order::max;
-
-}  // namespace cohort
+#include "cohort/order.hpp"
 
 namespace cohort::checkpointing {
 

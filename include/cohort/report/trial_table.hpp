@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cohort/order.hpp"
 #include "cohort/report/flatten.hpp"
 
 namespace cohort::report {
@@ -52,11 +53,45 @@ inline std::string csv_cell(std::string s) {
 
 }  // namespace detail
 
-/// The status table: a header line with trial counts by status, then one row per trial (trial,
-/// status, each hyperparameter, `metric`, iterations, total time), at most `max_rows` rows (the
-/// rest summarised in one line), running trials first, then paused, pending, finished, errored.
-inline std::string trial_table(std::vector<trial_row> const& trials, std::string const& metric, double elapsed_s,
-                               std::size_t max_rows = 20) {
+/// What the status table shows besides the trials (Ray's CLIReporter's header and row limit).
+struct table_options {
+  std::string metric{};                     ///< the metric column and the best trial's metric; empty: neither
+  cohort::order mode = cohort::order::max;  ///< which end of `metric` is best
+  std::string scheduler{};                  ///< the scheduler's lines (its debug_string(): ASHA's brackets), or empty
+  std::size_t max_rows = 20;                ///< trials shown; the rest summarised in one line
+};
+
+/// Ray's "Current best trial: <id> with <metric>=<value> and parameters=<config>": the first
+/// trial whose last result has the best `metric` (an "a/b" path into nested results) in the
+/// direction `mode`, as Ray's CLIReporter picks it. Empty when no trial has reported `metric`
+/// as a number, or `metric` is empty.
+inline std::string best_trial_line(std::vector<trial_row> const& trials, std::string const& metric, cohort::order mode) {
+  if (metric.empty()) return "";
+  trial_row const* best = nullptr;
+  double best_value = 0;
+  for (auto const& t : trials) {
+    auto last = detail::flat_map(t.last);
+    auto it = last.find(metric);
+    if (it == last.end() || !it->second.is_number()) continue;
+    double const v = it->second.get<double>();
+    if (v != v) continue;  // NaN: never the best
+    if (!best || (mode == cohort::order::max ? v > best_value : v < best_value)) {
+      best = &t;
+      best_value = v;
+    }
+  }
+  if (!best) return "";
+  return "Current best trial: " + best->id + " with " + metric + "=" + detail::cell(best_value) +
+         " and parameters=" + best->config.dump() + "\n";
+}
+
+/// The status table: a header line with trial counts by status, the scheduler's lines, the
+/// current best trial (best_trial_line), then one row per trial (trial, status, each
+/// hyperparameter, the metric, iterations, total time), at most `max_rows` rows (the rest
+/// summarised in one line), running trials first, then paused, pending, finished, errored.
+inline std::string trial_table(std::vector<trial_row> const& trials, double elapsed_s, table_options const& options) {
+  auto const& metric = options.metric;
+  auto const max_rows = options.max_rows;
   std::map<std::string, int> counts;
   std::vector<std::string> params;
   for (auto const& t : trials) {
@@ -71,9 +106,9 @@ inline std::string trial_table(std::vector<trial_row> const& trials, std::string
   head.push_back("total time (s)");
 
   auto rank_of = [](std::string const& s) {
-    static std::string const order[] = {"RUNNING", "PAUSED", "PENDING", "TERMINATED", "ERROR"};
+    static std::string const by_status[] = {"RUNNING", "PAUSED", "PENDING", "TERMINATED", "ERROR"};
     for (int i = 0; i < 5; ++i)
-      if (s == order[i]) return i;
+      if (s == by_status[i]) return i;
     return 5;
   };
   std::vector<trial_row const*> shown;
@@ -103,7 +138,10 @@ inline std::string trial_table(std::vector<trial_row> const& trials, std::string
   std::snprintf(line, sizeof line, "== Status == running for %.1f s; %zu trials:", elapsed_s, trials.size());
   std::string out = line;
   for (auto const& [status, n] : counts) out += " " + std::to_string(n) + " " + status;
-  out += "\n" + rule + "\n";
+  out += "\n";
+  if (!options.scheduler.empty()) out += options.scheduler + (options.scheduler.back() == '\n' ? "" : "\n");
+  out += best_trial_line(trials, metric, options.mode);
+  out += rule + "\n";
   for (std::size_t r = 0; r < cells.size(); ++r) {
     out += "|";
     for (std::size_t i = 0; i < cells[r].size(); ++i)

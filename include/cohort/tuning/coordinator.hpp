@@ -168,7 +168,10 @@ class coordinator {
       write_state();
   }
 
-  std::string table() const { return report::trial_table(book_.rows(), cfg_.metric, book_.elapsed_s()); }
+  std::string table() const {
+    return report::trial_table(book_.rows(), book_.elapsed_s(),
+                               {.metric = cfg_.metric, .mode = cfg_.mode, .scheduler = book_.scheduler_lines()});
+  }
 
   /// Rewrites experiment_state.json and trials.csv. The periodic rewrite waits at least 20 times
   /// as long as the last one took (as Ray adapts its experiment checkpoint period), so it costs

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cohort/checkpointing/policies.hpp"  // cohort::order
+#include "cohort/order.hpp"
 
 namespace cohort::tuning {
 

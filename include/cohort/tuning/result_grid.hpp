@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cohort/checkpointing/policies.hpp"  // cohort::order
 #include "cohort/error.hpp"
+#include "cohort/order.hpp"
 
 namespace cohort::tuning {
 

@@ -23,9 +23,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cohort/checkpointing/policies.hpp"  // cohort::order
 #include "cohort/detail/internal_state.hpp"
 #include "cohort/error.hpp"
+#include "cohort/order.hpp"
 #include "cohort/tuning/concepts.hpp"
 #include "cohort/tuning/decision.hpp"
 

@@ -225,6 +225,12 @@ class trial_book {
     stopping_ = true;
   }
 
+  /// The scheduler's lines for the status table: its debug_string() (Ray's), when it has one.
+  std::string scheduler_lines() const {
+    if constexpr (requires { scheduler_.debug_string(); }) return scheduler_.debug_string();
+    else return "";
+  }
+
   /// Seconds since the book was made.
   double elapsed_s() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
 

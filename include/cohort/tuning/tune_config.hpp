@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <string>
 
-#include "cohort/checkpointing/policies.hpp"  // cohort::order
+#include "cohort/order.hpp"
 
 namespace cohort {
 

@@ -2,6 +2,8 @@
 /// \file
 /// Asynchronous successive halving (Ray's AsyncHyperBandScheduler, "ASHA").
 
+#include <cstdio>
+
 #include "cohort/detail/internal_state.hpp"
 #include "cohort/tuning/schedule/common.hpp"
 
@@ -172,6 +174,26 @@ struct asha {
 
   /// How many trials asha has stopped so far.
   std::size_t num_stopped() const { return state_.num_stopped; }
+
+  /// Ray's debug_string: "Using AsyncHyperBand: num_stopped=N", then a line per bracket with
+  /// each rung's milestone and cutoff (in the metric's own units; None before a value is
+  /// recorded there), largest milestone first. The tuner's status table prints it.
+  std::string debug_string() const {
+    std::string out = "Using AsyncHyperBand: num_stopped=" + std::to_string(state_.num_stopped);
+    for (auto const& rungs : state_.brackets) {
+      out += "\nBracket:";
+      for (std::size_t k = 0; k < rungs.size(); ++k) {
+        std::vector<double> values;
+        for (auto const& [tid, v] : rungs[k].recorded) values.push_back(v);
+        double const cutoff = detail::nan_percentile(std::move(values), (1 - 1 / reduction_factor) * 100);
+        char buf[96];
+        if (std::isnan(cutoff)) std::snprintf(buf, sizeof buf, "%s Iter %.3f: None", k ? " |" : "", rungs[k].milestone);
+        else std::snprintf(buf, sizeof buf, "%s Iter %.3f: %.5g", k ? " |" : "", rungs[k].milestone, state_.objective.sign * cutoff);
+        out += buf;
+      }
+    }
+    return out;
+  }
 
   /// The bracket each trial was placed in, by trial id.
   std::map<std::string, std::size_t> const& trial_brackets() const { return state_.trial_bracket; }

@@ -16,6 +16,8 @@ struct fifo {
   tuning::scheduling_decision on_trial_result(std::string const&, nlohmann::json const&) { return {}; }
   /// Nothing to track.
   void on_trial_complete(std::string const&, nlohmann::json const&) {}
+  /// Ray's debug_string.
+  std::string debug_string() const { return "Using FIFO scheduling algorithm."; }
   /// An empty object: fifo has no state.
   nlohmann::json save_state() const { return nlohmann::json::object(); }
   /// Nothing to restore.

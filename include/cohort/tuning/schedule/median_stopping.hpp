@@ -156,6 +156,13 @@ struct median_stopping {
     }
   }
 
+  /// Ray's debug_string: "Using MedianStoppingRule: num_stopped=N." (the trials the rule has
+  /// stopped, or paused for good when hard_stop is false).
+  std::string debug_string() const {
+    auto const n = std::count_if(state_.trials.begin(), state_.trials.end(), [](auto const& kv) { return kv.second.stopped; });
+    return "Using MedianStoppingRule: num_stopped=" + std::to_string(n) + ".";
+  }
+
   /// How many results of `trial_id` the rule holds (0 for a trial it has not seen).
   std::size_t results_held(std::string const& trial_id) const {
     auto it = state_.trials.find(trial_id);

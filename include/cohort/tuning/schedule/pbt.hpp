@@ -251,6 +251,11 @@ struct pbt {
     throw cohort::error("schedule::pbt: no trial " + id + "; it was never added");
   }
 
+  /// Ray's debug_string, less its checkpoint count: "PopulationBasedTraining: N perturbs".
+  std::string debug_string() const {
+    return "PopulationBasedTraining: " + std::to_string(state_.num_perturbations) + " perturbs";
+  }
+
   /// How many exploits PBT has decided so far.
   std::size_t num_perturbations() const { return state_.num_perturbations; }
 
