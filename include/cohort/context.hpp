@@ -54,6 +54,9 @@ class context {
   int local_world_size() const { return topo_.local_world_size; }  ///< ranks on this node
   int node_rank() const { return topo_.node_rank; }              ///< this node's index
   int num_nodes() const { return topo_.num_nodes; }              ///< nodes (hosts) the ranks run on
+  /// All of the above, and this rank's place among every rank of the job on its node
+  /// (job_local_rank: what scaling::cuda picks the GPU by, so that trials side by side differ).
+  scaling::topology const& topology() const { return topo_; }
   std::string const& experiment_name() const { return name_; }    ///< the run's name (run_config.name)
   std::filesystem::path const& run_path() const { return run_path_; }  ///< the run directory
   cohort::device device() const { return device_; }               ///< this rank's compute device

@@ -23,6 +23,13 @@ inline int& job_ranks_on_node() {
   return n;
 }
 
+/// This rank's index among job_ranks_on_node() (valid when that is not 0): what scaling::cuda
+/// picks its GPU by, so that trial groups sharing a node get disjoint GPUs.
+inline int& job_local_rank() {
+  static int r = 0;
+  return r;
+}
+
 /// Where the ranks of `node` (one node's ranks, a collective over it) are bound: every rank's
 /// binding in one allgather of 128-byte bitmaps, and the spare cores none of them is bound to.
 inline scaling::cpu_placement find_cpu_placement(MPI_Comm node) {
@@ -54,6 +61,7 @@ inline bool ensure_mpi(int* argc, char*** argv) {
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
   MPI_Comm_size(node, &job_ranks_on_node());
+  MPI_Comm_rank(node, &job_local_rank());
   scaling::placement() = find_cpu_placement(node);
   MPI_Comm_free(&node);
   if (provided >= MPI_THREAD_MULTIPLE) comm::detail::job_alarm().start();  // tested from any waiting thread

@@ -388,6 +388,10 @@ class trainer {
     placement out;
     auto const hosts = comm::allgather_strings(control, detail::host_name());
     out.topo = scaling::topology_from_hosts(hosts, control.rank());
+    if (detail::job_ranks_on_node() > 0) {  // cohort initialised MPI: the job's ranks on this node are known
+      out.topo.job_local_rank = detail::job_local_rank();
+      out.topo.job_local_size = detail::job_ranks_on_node();
+    }
     if (out.topo.num_nodes > 1)  // checkpoints are written by every rank and read back by every rank
       if ((out.error = detail::check_shared_storage(control, run_path, hosts))) return out;
     if constexpr (requires(scaling_type const& p) { p.placement_error(out.topo, 0); }) {

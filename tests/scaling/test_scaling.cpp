@@ -83,6 +83,22 @@ TEST_CASE("scaling::cuda puts local rank r on visible GPU r and refuses more ran
   CHECK_FALSE(policy.check(4));
 }
 
+TEST_CASE("scaling::cuda gives trials side by side on one node disjoint GPUs, or says there are too few", "[scaling][pure]") {
+  // Catches: every trial group's rank 0 on GPU 0 (the device taken from the rank in the trial's
+  // communicator), and a placement check that counts one trial's ranks instead of the node's.
+  // Two trials of 2 ranks on one node of 4 ranks: the second trial's ranks are the job's 2 and 3.
+  cohort::scaling::cuda policy{};
+  auto second_trial = cohort::scaling::topology_from_hosts({"a", "a"}, 1);
+  CHECK(policy.device_for(second_trial).str() == "cuda:1");  // alone (no job-wide place known)
+  second_trial.job_local_rank = 3;
+  second_trial.job_local_size = 4;
+  CHECK(policy.device_for(second_trial).str() == "cuda:3");
+  CHECK_FALSE(policy.placement_error(second_trial, 4));
+  auto e = policy.placement_error(second_trial, 2);  // enough for one trial, not for both
+  REQUIRE(e);
+  CHECK_THAT(*e, contains_text("scaling::cuda: node 0 runs 4 ranks (trials side by side, each with GPUs of its own) but sees 2 GPUs"));
+}
+
 TEST_CASE("CPU lists parse like Linux writes them", "[scaling][pure]") {
   using cohort::scaling::cpu_list;
   using cohort::scaling::parse_cpu_list;

@@ -2,6 +2,8 @@
 // of ranks_per_trial, schedulers and stoppers acting on the results, the experiment's files.
 #include <cohort/tuning/tuner.hpp>
 
+#include <cohort/scaling/cuda.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -27,7 +29,8 @@ std::size_t lines_of(std::filesystem::path const& p) {
 }
 
 /// A trial: `iterations` reports of score = -(x - 2)^2 - (y - 1)^2 (best at x = 2, y = 1), each
-/// with the world rank that ran it and wall-clock times (trial start, this report), so the test can see the groups.
+/// with the world rank that ran it, the GPU scaling::cuda would give it, and wall-clock times
+/// (trial start, this report), so the test can see the groups.
 /// With `rendezvous` set, a trial first leaves a file there named after its world rank and waits
 /// (at most 60 s) until `groups` such files exist: every group then holds a trial at once, however
 /// the machine schedules them (an event, where a timing would let a busy group miss every trial).
@@ -52,6 +55,7 @@ struct quadratic {
       ctx.report({{"score", -(x - 2) * (x - 2) - (y - 1) * (y - 1) + 0.01 * i},
                   {"rank", world_rank()},
                   {"group_size", ctx.world_size()},
+                  {"gpu", cohort::scaling::cuda{}.device_for(ctx.topology()).str()},
                   {"start", start},
                   {"now", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}});
     }
@@ -139,6 +143,9 @@ TEST_CASE("ranks_per_trial splits the world into groups that each run one trial 
   for (auto const& t : grid.trials) {
     CHECK(t.metrics.at("group_size") == per);
     CHECK(t.metrics.at("rank").get<int>() % per == 0);  // reported by each group's leader
+    // Trials side by side on one node get GPUs of their own: the leader's index among the job's
+    // ranks on the node (its world rank here), not its rank in its group (0 for every leader).
+    CHECK(t.metrics.at("gpu") == "cuda:" + std::to_string(t.metrics.at("rank").get<int>()));
     spans.push_back({t.metrics_history.front().at("start").get<double>(), t.metrics.at("now").get<double>()});
   }
   int most = 0;

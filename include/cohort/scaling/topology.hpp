@@ -19,10 +19,16 @@ struct topology {
   int local_world_size = 1;  ///< ranks on this node
   int node_rank = 0;         ///< index of this node, in order of first appearance by rank
   int num_nodes = 1;         ///< nodes in the communicator
+  /// This rank's index among every rank of the job on its node, whatever communicator the
+  /// trainer runs on: the tuner's trial groups share a node, and this is what gives each of
+  /// their ranks a GPU of its own. local_rank where only the communicator is known.
+  int job_local_rank = 0;
+  int job_local_size = 1;  ///< ranks of the whole job on this node (local_world_size where unknown)
 };
 
 /// Pure: the topology of `rank` given every rank's host name (in rank order). Nodes are numbered
-/// by the lowest rank they hold; local ranks follow global rank order within a node.
+/// by the lowest rank they hold; local ranks follow global rank order within a node. The job-wide
+/// fields are the communicator's (the trainer sets them from the job when it knows it).
 inline topology topology_from_hosts(std::vector<std::string> const& hosts, int rank) {
   topology t;
   t.world_rank = rank;
@@ -40,6 +46,8 @@ inline topology topology_from_hosts(std::vector<std::string> const& hosts, int r
     if (static_cast<int>(r) < rank) ++t.local_rank;
     ++t.local_world_size;
   }
+  t.job_local_rank = t.local_rank;
+  t.job_local_size = t.local_world_size;
   return t;
 }
 
