@@ -46,6 +46,7 @@
 #include "cohort/torch/autocast.hpp"
 #include "cohort/torch/checkpoint_state.hpp"
 #include "cohort/torch/data_loader.hpp"
+#include "cohort/torch/grad_scaler.hpp"
 #include "cohort/torch/prepare_model.hpp"
 #include "cohort/torch/threads.hpp"
 #include "cohort/torch/to_torch.hpp"

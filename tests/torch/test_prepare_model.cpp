@@ -238,6 +238,72 @@ TEST_CASE("bfloat16 and float16 gradient compression average gradients to that p
   }
 }
 
+TEST_CASE("grad_scaler skips the steps whose scaled gradients overflow, backs off, and training recovers", "[torch][mpi]") {
+  // Catches: a step taken with inf/NaN gradients (the parameters turn NaN), a scale that never
+  // backs off (every step skipped) or never grows, gradients left scaled at the step, ranks that
+  // disagree on a skip. A scale of 1e60 overflows float32 at once; backing off by 1e-10 a step,
+  // the first three steps (1e60, 1e50, 1e40) are skipped and the fourth (1e30) is taken.
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+             torch::manual_seed(5);
+             auto model = ctx.prepare_model(mlp(8));
+             torch::optim::SGD opt(model->parameters(), 0.1);
+             cohort::grad_scaler scaler({.init_scale = 1e60, .backoff_factor = 1e-10, .growth_interval = 5});
+             auto x = inputs(16 * ctx.world_size()).narrow(0, 16 * ctx.world_rank(), 16);
+             auto y = targets(x);
+             auto const initial = flat_params(*model);
+             bool unchanged_while_skipping = true, grads_unscaled = true;
+             std::vector<double> scales;
+             for (int step = 0; step < 60; ++step) {
+               opt.zero_grad();
+               auto loss = torch::mse_loss(model(x), y);
+               scaler.scale(loss).backward();
+               scaler.unscale(opt);  // before reading gradients, as before clipping
+               for (auto const& p : model->parameters())
+                 if (p.grad().defined() && step >= 3) grads_unscaled = grads_unscaled && p.grad().abs().max().item<double>() < 10;
+               bool const stepped = scaler.step(opt);
+               if (step < 3) unchanged_while_skipping = unchanged_while_skipping && !stepped && close(flat_params(*model), initial, 0);
+               scaler.update();
+               scales.push_back(scaler.current_scale());
+             }
+             bool finite = true;
+             for (auto const& p : model->parameters()) finite = finite && torch::isfinite(p).all().item<bool>();
+             // The 57 steps taken are plain SGD's on the global batch, in one process, unscaled.
+             torch::manual_seed(5);
+             mlp reference(8);
+             torch::optim::SGD ref_opt(reference->parameters(), 0.1);
+             auto const gx = inputs(16 * ctx.world_size());
+             for (int step = 0; step < 57; ++step) {
+               ref_opt.zero_grad();
+               torch::mse_loss(reference(gx), targets(gx)).backward();
+               ref_opt.step();
+             }
+             return nlohmann::json{{"skipped", scaler.skipped_steps()}, {"unchanged", unchanged_while_skipping},
+                                   {"unscaled", grads_unscaled}, {"finite", finite}, {"as_plain_sgd", close(flat_params(*model), flat_params(*reference), 1e-4)},
+                                   {"scales", scales}, {"state", scaler.state()}};
+           }}.fit(nlohmann::json::object(), quiet("grad_scaler"));
+  REQUIRE(r.ok());
+  for (auto const& v : r.return_values) {
+    CHECK(v["skipped"] == 3);
+    CHECK(v["unchanged"] == true);
+    CHECK(v["unscaled"] == true);
+    CHECK(v["finite"] == true);
+    CHECK(v["as_plain_sgd"] == true);  // after the overflow it trained as it would have unscaled
+    auto const& s = v["scales"];
+    CHECK_THAT(s[0].get<double>(), Catch::Matchers::WithinRel(1e50));
+    CHECK_THAT(s[2].get<double>(), Catch::Matchers::WithinRel(1e30));
+    CHECK_THAT(s[6].get<double>(), Catch::Matchers::WithinRel(1e30));  // four good steps: not yet
+    CHECK_THAT(s[7].get<double>(), Catch::Matchers::WithinRel(2e30));  // the fifth: grown
+    CHECK(v["state"]["growth_tracker"] == (60 - 3) % 5);
+    CHECK(v["scales"] == r.return_values.front()["scales"]);  // every rank skipped the same steps
+  }
+  cohort::grad_scaler restored;
+  restored.load_state(r.return_values.front()["state"]);
+  CHECK(restored.current_scale() == r.return_values.front()["scales"].back().get<double>());
+  CHECK_THROWS_WITH(restored.load_state({{"scale", -1}, {"growth_tracker", 0}}), contains_text("grad_scaler::load_state: expected"));
+  CHECK_THROWS_WITH(cohort::grad_scaler({.backoff_factor = 2}), contains_text(".backoff_factor must be between 0 and 1"));
+  CHECK_THROWS_WITH(cohort::grad_scaler({.init_scale = 0}), contains_text(".init_scale must be positive"));
+}
+
 TEST_CASE("autocast runs the forward in bfloat16 while parameters and averaged gradients stay float32", "[torch][mpi]") {
   auto r = cohort::trainer{[](cohort::context& ctx) {
              torch::manual_seed(3);

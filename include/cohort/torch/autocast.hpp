@@ -49,8 +49,8 @@ inline void set_autocast_dtype(at::DeviceType d, at::ScalarType t) {
 /// prepare_model's reducer averages them as usual. Nests; restores the previous state on exit.
 /// Use it around the forward pass and the loss, not around backward or the optimizer step:
 /// `{ cohort::autocast mixed{ctx.device()}; loss = loss_fn(model(x), y); } loss.backward();`
-/// float16 needs loss scaling to keep small gradients from flushing to zero; LibTorch's C++ API
-/// has no GradScaler, so prefer bfloat16 (float16 is accepted on CUDA only).
+/// float16 needs loss scaling to keep small gradients from flushing to zero: cohort::grad_scaler
+/// (torch/grad_scaler.hpp; LibTorch's C++ API has no GradScaler). float16 is accepted on CUDA only.
 class autocast {
  public:
   explicit autocast(device dev, at::ScalarType dtype = at::kBFloat16)
