@@ -35,7 +35,8 @@ fi
 torch_built=yes
 if [ "$from" = build ] && [[ "$expect" =~ ^[0-9] ]]; then
   torch_built=no
-  ninja -C "$work/consumer" -t targets all | grep -q '^consumer_torch:' ||
+  targets=$(ninja -C "$work/consumer" -t targets all)  # not piped into grep -q: pipefail and SIGPIPE
+  grep -q '^consumer_torch:' <<<"$targets" ||
     { echo "error: the build tree gave no cohort::torch (expected LibTorch $expect)"; exit 1; }
   cmake --build "$work/consumer" --target consumer
 else
