@@ -84,8 +84,7 @@ class grad_scaler {
       return true;
     }
     if (!unscaled(opt)) unscale(opt);
-    auto it = std::find_if(unscaled_.begin(), unscaled_.end(), [&](auto const& u) { return u.opt == &opt; });
-    if (it->overflow) {
+    if (unscaled(opt)->overflow) {
       ++skipped_;
       return false;
     }
@@ -130,8 +129,10 @@ class grad_scaler {
     torch::optim::Optimizer const* opt;
     bool overflow;
   };
-  bool unscaled(torch::optim::Optimizer const& opt) const {
-    return std::any_of(unscaled_.begin(), unscaled_.end(), [&](auto const& u) { return u.opt == &opt; });
+  /// `opt`'s entry of this step, if unscale() ran for it.
+  unscaled_optimizer const* unscaled(torch::optim::Optimizer const& opt) const {
+    auto it = std::find_if(unscaled_.begin(), unscaled_.end(), [&](auto const& u) { return u.opt == &opt; });
+    return it == unscaled_.end() ? nullptr : &*it;
   }
 
   grad_scaler_options o_;

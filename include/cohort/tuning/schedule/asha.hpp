@@ -183,9 +183,7 @@ struct asha {
     for (auto const& rungs : state_.brackets) {
       out += "\nBracket:";
       for (std::size_t k = 0; k < rungs.size(); ++k) {
-        std::vector<double> values;
-        for (auto const& [tid, v] : rungs[k].recorded) values.push_back(v);
-        double const cutoff = detail::nan_percentile(std::move(values), (1 - 1 / reduction_factor) * 100);
+        double const cutoff = cutoff_of(rungs[k]);
         char buf[96];
         if (std::isnan(cutoff)) std::snprintf(buf, sizeof buf, "%s Iter %.3f: None", k ? " |" : "", rungs[k].milestone);
         else std::snprintf(buf, sizeof buf, "%s Iter %.3f: %.5g", k ? " |" : "", rungs[k].milestone, state_.objective.sign * cutoff);
@@ -221,21 +219,24 @@ struct asha {
     return out;
   }
 
+  /// Ray's _Bracket.cutoff: the (1 - 1/reduction_factor) percentile of the (signed) values
+  /// recorded at `rung`; NaN when none is.
+  double cutoff_of(detail::asha_rung const& rung) const {
+    std::vector<double> values;
+    for (auto const& [tid, v] : rung.recorded) values.push_back(v);
+    return detail::nan_percentile(std::move(values), (1 - 1 / reduction_factor) * 100);
+  }
+
   /// Ray's _Bracket.on_result.
   tuning::decision on_bracket_result(std::vector<detail::asha_rung>& rungs, std::string const& id, double t,
                                      double value) const {
     auto what = tuning::decision::proceed;
-    for (auto& [milestone, recorded] : rungs) {
-      bool const seen = recorded.contains(id);
-      if (t >= milestone && seen && !stop_last_trials) break;
-      if (t < milestone || seen) continue;
-      if (!recorded.empty()) {
-        std::vector<double> values;
-        for (auto const& [tid, v] : recorded) values.push_back(v);
-        double const cutoff = detail::nan_percentile(std::move(values), (1 - 1 / reduction_factor) * 100);
-        if (value < cutoff) what = tuning::decision::stop;
-      }
-      recorded[id] = value;
+    for (auto& rung : rungs) {
+      bool const seen = rung.recorded.contains(id);
+      if (t >= rung.milestone && seen && !stop_last_trials) break;
+      if (t < rung.milestone || seen) continue;
+      if (!rung.recorded.empty() && value < cutoff_of(rung)) what = tuning::decision::stop;
+      rung.recorded[id] = value;
       break;
     }
     return what;
