@@ -4,10 +4,15 @@
 // every rank on the same data: the average of equal gradients is the gradient itself, so the
 // results must equal a model without the path, bit for bit, at 1 rank and at 2; the multi-rank
 // arithmetic of the same reducer on different data is tested on CPU over MPI
-// (tests/torch/test_prepare_model.cpp).
+// (tests/torch/test_prepare_model.cpp). Then what a one-GPU user runs: prepare_model on
+// scaling::cuda, float16 autocast with grad_scaler, and fit_loop (pinned batches copied to the GPU)
+// against the same loop on the CPU.
 #include <cohort/cohort.hpp>
+#include <cohort/torch/fit_loop.hpp>
 
 #include <cuda_runtime.h>
+
+#include <filesystem>
 
 #include "../catch.hpp"
 
@@ -75,13 +80,13 @@ TEST_CASE("the NCCL gradient path averages bucketed gradients on the GPU and ord
   cohort::detail::gradient_reducer reducer(c, net.parameters(), options, cohort::reduce_on::training_thread,
                                            cohort::detail::make_device_buckets(c, current_device(), 60'000));
   auto x = torch::randn({32, 64}, torch::kCUDA);
-  auto y = torch::randint(0, 10, {32}, torch::kCUDA);
+  auto y = torch::randint(0, 10, {32}, torch::TensorOptions(torch::kCUDA).dtype(torch::kLong));
   for (auto& p : net.parameters()) p.mutable_grad() = torch::Tensor();
   for (auto& p : plain.parameters()) p.mutable_grad() = torch::Tensor();
   torch::nn::functional::cross_entropy(net.forward(x), y).backward();
   torch::nn::functional::cross_entropy(plain.forward(x), y).backward();
   for (std::size_t i = 0; i < net.parameters().size(); ++i) {
-    auto const& ref = plain.parameters()[i].grad();
+    auto const ref = plain.parameters()[i].grad();
     CHECK(torch::equal(net.parameters()[i].grad(), ref.to(torch::kBFloat16).to(torch::kFloat)));
   }
 }
@@ -100,4 +105,125 @@ TEST_CASE("prepare_model on scaling::cuda trains on the rank's GPU", "[gpu][torc
     CHECK(r.return_values[k]["on_gpu"] == true);
     CHECK(r.return_values[k]["device"] == "cuda:" + std::to_string(k));
   }
+}
+
+TEST_CASE("float16 autocast with grad_scaler on the GPU: overflowing steps skipped, the scale backed off, training goes on", "[gpu][torch]") {
+  // Catches: a grad_scaler that misses an overflow of CUDA gradients (the parameters turn inf or
+  // NaN), one that never backs off (every step skipped) or never steps, autocast that does not run
+  // the forward in float16 on CUDA, and parameters or gradients that leave float32 or the GPU.
+  // A scale of 2^40 overflows the float16 backward of the first layers (the loss's gradient times
+  // 2^40 is far above float16's 65504), so the first steps are skipped until the scale is small
+  // enough; the scale never goes below 2^40 / 2^skipped.
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+             torch::manual_seed(13);
+             auto model = ctx.prepare_model(std::make_shared<mlp>());
+             auto const dev = cohort::to_torch(ctx.device());
+             torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+             cohort::grad_scaler scaler({.init_scale = 1099511627776.0, .growth_interval = 10});
+             auto gen = torch::make_generator<at::CPUGeneratorImpl>(7);
+             auto x = torch::randn({128, 64}, gen).to(dev);
+             auto y = torch::randint(0, 10, {128}, gen).to(dev);
+             std::vector<double> losses;
+             bool forward_half = true, float32_on_gpu = true;
+             int steps_taken = 0;
+             for (int step = 0; step < 60; ++step) {
+               opt.zero_grad();
+               torch::Tensor loss;
+               {
+                 cohort::autocast mixed{ctx.device(), torch::kHalf};
+                 auto logits = model->forward(x);
+                 forward_half = forward_half && logits.scalar_type() == torch::kHalf;
+                 loss = torch::nn::functional::cross_entropy(logits, y);  // float32 under autocast
+               }
+               losses.push_back(loss.item<double>());
+               scaler.scale(loss).backward();
+               steps_taken += scaler.step(opt) ? 1 : 0;
+               scaler.update();
+             }
+             bool finite = true;
+             for (auto const& p : model->parameters()) {
+               finite = finite && torch::isfinite(p).all().item<bool>();
+               float32_on_gpu = float32_on_gpu && p.is_cuda() && p.scalar_type() == torch::kFloat && p.grad().is_cuda() &&
+                                p.grad().scalar_type() == torch::kFloat;
+             }
+             return nlohmann::json{{"skipped", scaler.skipped_steps()}, {"taken", steps_taken}, {"scale", scaler.current_scale()},
+                                   {"first_loss", losses.front()}, {"last_loss", losses.back()}, {"finite", finite},
+                                   {"half", forward_half}, {"float32_on_gpu", float32_on_gpu}};
+           },
+           cohort::scaling::cuda{}}
+               .fit(nlohmann::json::object(), {.name = "gpu_grad_scaler", .storage_path = "/tmp/cohort-gpu-tests", .verbose = 0});
+  REQUIRE(r.ok());
+  for (auto const& v : r.return_values) {
+    INFO(v.dump());
+    CHECK(v["half"] == true);
+    CHECK(v["float32_on_gpu"] == true);
+    CHECK(v["finite"] == true);
+    CHECK(v["skipped"].get<std::int64_t>() >= 1);   // 2^40 overflows float16
+    CHECK(v["skipped"].get<std::int64_t>() <= 40);  // and backs off to a scale that does not
+    CHECK(v["skipped"].get<std::int64_t>() + v["taken"].get<int>() == 60);
+    CHECK(v["scale"].get<double>() < 1099511627776.0);
+    CHECK(v["last_loss"].get<double>() < 0.9 * v["first_loss"].get<double>());  // it learned
+  }
+}
+
+namespace {
+
+struct loop_config {
+  double lr = 0.1;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(loop_config, lr)
+
+/// 8 features labelled by a fixed linear teacher, on the CPU (the loader pins and copies them).
+cohort::tensor_dataset teacher_data(std::int64_t n, std::uint64_t seed) {
+  torch::manual_seed(0);
+  auto const teacher = torch::randn({8, 3});
+  torch::manual_seed(seed);
+  auto x = torch::randn({n, 8});
+  return {x, x.matmul(teacher).argmax(1)};
+}
+
+/// The weights of `run`'s latest checkpoint, loaded into a CPU model, flattened.
+template <class Run, class MakeNet>
+torch::Tensor checkpoint_weights(Run const& run, MakeNet make_net) {
+  REQUIRE(run.checkpoint);
+  auto net = make_net();
+  cohort::load_checkpoint(cohort::checkpoint::from_directory(run.checkpoint->path), net);
+  std::vector<torch::Tensor> flat;
+  for (auto const& p : net->parameters()) flat.push_back(p.detach().flatten());
+  return torch::cat(flat);
+}
+
+}  // namespace
+
+TEST_CASE("fit_loop on scaling::cuda trains on the GPU to the weights it reaches on the CPU", "[gpu][torch]") {
+  // Catches: batches left on the CPU (a device mismatch in forward), a non-blocking copy not
+  // ordered before the step or a pinned buffer reused too early (other weights), validation and
+  // metric sums that break on CUDA tensors, and a checkpoint of CUDA tensors that a CPU model
+  // cannot load.
+  auto make_net = [] {
+    torch::manual_seed(0);
+    return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+  };
+  auto make_sgd = [](std::vector<torch::Tensor> params, loop_config const& c) {
+    return torch::optim::SGD(params, torch::optim::SGDOptions(c.lr).momentum(0.9));
+  };
+  cohort::fit_options const options{.batch_size = 4, .epochs = 3, .prefetch_batches = 2, .validation = "val"};
+  cohort::datasets const data{{"train", teacher_data(96, 1)}, {"val", teacher_data(30, 2)}};
+  std::filesystem::remove_all("/tmp/cohort-gpu-tests/fit_loop_cuda");
+  std::filesystem::remove_all("/tmp/cohort-gpu-tests/fit_loop_cpu");
+  auto on_gpu = cohort::trainer{cohort::fit_loop{make_net, make_sgd, torch::nn::CrossEntropyLoss(), options}, data,
+                                cohort::sharding::shuffled{.seed = 7}, cohort::scaling::cuda{}}
+                    .fit(loop_config{}, {.name = "fit_loop_cuda", .storage_path = "/tmp/cohort-gpu-tests", .verbose = 0});
+  auto on_cpu = cohort::trainer{cohort::fit_loop{make_net, make_sgd, torch::nn::CrossEntropyLoss(), options}, data,
+                                cohort::sharding::shuffled{.seed = 7}}
+                    .fit(loop_config{}, {.name = "fit_loop_cpu", .storage_path = "/tmp/cohort-gpu-tests", .verbose = 0});
+  REQUIRE(on_gpu.ok());
+  REQUIRE(on_cpu.ok());
+  REQUIRE(on_gpu.metrics_history.size() == 3);
+  CHECK(on_gpu.metrics_history.back().at("train_loss").get<double>() < on_gpu.metrics_history.front().at("train_loss").get<double>());
+  CHECK_THAT(on_gpu.metrics.at("val_accuracy").get<double>(), Catch::Matchers::WithinAbs(on_cpu.metrics.at("val_accuracy").get<double>(), 1e-9));
+  CHECK_THAT(on_gpu.metrics.at("val_loss").get<double>(), Catch::Matchers::WithinRel(on_cpu.metrics.at("val_loss").get<double>(), 1e-4));
+  auto const gpu_weights = checkpoint_weights(on_gpu, make_net), cpu_weights = checkpoint_weights(on_cpu, make_net);
+  INFO("largest difference " << (gpu_weights - cpu_weights).abs().max().item<double>());
+  CHECK(torch::allclose(gpu_weights, cpu_weights, 1e-4, 1e-5));  // float32 on both, sums in another order
 }

@@ -149,7 +149,8 @@ TEST_CASE("an NCCL collective that cannot complete is an error within its deadli
     later = e.what();
   }
   CHECK_THAT(later, contains_text("this NCCL communicator was aborted"));
-  cudaStreamSynchronize(s);
+  gate.reset();  // waits for the stream: before it is destroyed, not after (a segfault in CUDA)
+  c.set_stream(nullptr);
   cudaStreamDestroy(s);
 }
 
