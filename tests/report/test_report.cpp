@@ -1,5 +1,6 @@
 #include <cohort/report/console.hpp>
 #include <cohort/report/flatten.hpp>
+#include <cohort/report/html_report.hpp>
 #include <cohort/report/run_directory.hpp>
 #include <cohort/report/trial_table.hpp>
 
@@ -8,6 +9,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "../catch.hpp"
@@ -121,6 +123,67 @@ TEST_CASE("the trial table shows each trial's status, parameters and metric; the
   auto csv = cohort::report::trials_csv(trials);
   CHECK(csv.substr(0, csv.find('\n')) == "trial_id,status,acc,time_total_s,training_iteration,config/lr,config/opt/m,logdir,error");
   CHECK_THAT(csv, contains_text("trial_00002,ERROR,,,,1,0,/x/trial_00002,\"boom, \"\"bad\"\"\""));
+}
+
+namespace {
+std::size_t count_of(std::string const& text, std::string const& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("the HTML report: the trials table, one plot per metric with a line per trial, nothing from elsewhere", "[report][pure]") {
+  // Catches: a page that loads a script, style or font from the network (blank offline), text
+  // that is not escaped (a config value that breaks the page), bookkeeping keys plotted, NaN or
+  // infinity drawn (an SVG that does not render), a trial with results and no line.
+  using cohort::report::trial_row;
+  std::vector<trial_row> trials{
+      {"trial_00000", "TERMINATED", {{"lr", 0.1}, {"note", "<b>bold</b>"}}, {{"loss", 0.5}, {"training_iteration", 3}}, "/x/trial_00000", ""},
+      {"trial_00001", "TERMINATED", {{"lr", 0.2}, {"note", "a & b"}}, {{"loss", 0.4}, {"training_iteration", 3}}, "/x/trial_00001", ""},
+      {"trial_00002", "ERROR", {{"lr", 9.0}, {"note", "x"}}, nlohmann::json::object(), "/x/trial_00002", "diverged: \"loss\" too high"}};
+  auto row = [](int iteration, double loss) {
+    return nlohmann::json{{"loss", loss}, {"training_iteration", iteration}, {"time_total_s", iteration * 0.5}, {"timestamp", 1700000000 + iteration}};
+  };
+  std::vector<std::vector<nlohmann::json>> histories{
+      {row(1, 1.0), row(2, 0.7), row(3, 0.5)},
+      {row(1, 0.9), row(2, std::numeric_limits<double>::quiet_NaN()), row(3, 0.4)},
+      {}};
+  histories[1][2]["eval"] = nlohmann::json{{"acc", 0.8}};  // nested, in one trial only
+  auto const page = cohort::report::experiment_html(trials, histories, {.title = "sweep <1>"});
+  CHECK(page.rfind("<!DOCTYPE html>", 0) == 0);
+  CHECK(count_of(page, "<tr>") == 4);  // header + one per trial
+  CHECK_THAT(page, contains_text("<th>config/note</th>"));
+  CHECK_THAT(page, contains_text("&lt;b&gt;bold&lt;/b&gt;"));
+  CHECK_THAT(page, contains_text("a &amp; b"));
+  CHECK_THAT(page, contains_text("diverged: &quot;loss&quot; too high"));
+  CHECK_THAT(page, contains_text("<h1>sweep &lt;1&gt;</h1>"));
+  CHECK(page.find("<b>") == std::string::npos);
+  // Self-contained: no address, script or external resource of any kind.
+  for (auto const* outside : {"http", "<script", "src=", "href=", "@import", "url("}) CHECK(page.find(outside) == std::string::npos);
+  // Plots: loss and eval/acc, not the bookkeeping keys.
+  CHECK(count_of(page, "<svg") == 2);
+  CHECK_THAT(page, contains_text("aria-label=\"loss\""));
+  CHECK_THAT(page, contains_text("aria-label=\"eval/acc\""));
+  CHECK(page.find("aria-label=\"time_total_s\"") == std::string::npos);
+  CHECK(page.find("aria-label=\"timestamp\"") == std::string::npos);
+  auto const loss_plot = page.substr(page.find("aria-label=\"loss\""), page.find("</svg>", page.find("aria-label=\"loss\"")) - page.find("aria-label=\"loss\""));
+  CHECK(count_of(loss_plot, "<polyline") == 2);  // trials 0 and 1; trial 2 reported nothing
+  auto const second = loss_plot.substr(loss_plot.find("#ff7f0e"));
+  CHECK(count_of(second.substr(0, second.find("/>")), ",") == 2);  // the NaN point left out: two points
+  CHECK(page.find("nan") == std::string::npos);  // no NaN or infinite coordinate anywhere
+  CHECK(page.find("inf") == std::string::npos);
+  // One point: a dot. The cap on plots says how many were left out.
+  auto const capped = cohort::report::experiment_html(trials, histories, {.max_plots = 1});
+  CHECK(count_of(capped, "<svg") == 1);
+  CHECK_THAT(capped, contains_text("1 more metrics are in each trial's result.json."));
+  CHECK_THAT(page, contains_text("<circle"));  // eval/acc: one point in one trial
+  // A metric with no finite value at all: an empty frame, no NaN or infinite label.
+  auto const nothing = cohort::report::experiment_html(
+      {trials[0]}, {{nlohmann::json{{"loss", std::numeric_limits<double>::infinity()}, {"training_iteration", 1}}}});
+  CHECK(count_of(nothing, "<svg") == 1);
+  CHECK(nothing.find("inf") == std::string::npos);
+  CHECK(nothing.find("<polyline") == std::string::npos);
 }
 
 TEST_CASE("the current best trial is the first with the best last value of the metric, as Ray's CLIReporter picks it", "[report][pure]") {

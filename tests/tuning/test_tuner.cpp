@@ -93,6 +93,17 @@ TEST_CASE("a grid search runs every trial once, spread over the groups", "[tunin
   if (world_rank() == 0) {
     auto exp = storage / "grid";
     CHECK(lines_of(exp / "trials.csv") == 19);
+    std::ifstream html(exp / "report.html");
+    std::string const page{std::istreambuf_iterator<char>(html), std::istreambuf_iterator<char>()};
+    auto count = [&](std::string const& what) {
+      std::size_t n = 0;
+      for (auto at = page.find(what); at != std::string::npos; at = page.find(what, at + 1)) ++n;
+      return n;
+    };
+    CHECK(count("<tr>") == 19);  // report.html: the header and a row per trial, the 18th in the 8th colour
+    CHECK(page.find("background:#7f7f7f\"></span>trial_00017</td>") != std::string::npos);
+    CHECK(count("<svg") == 5);  // score, rank, group_size, start, now (gpu is text)
+    CHECK(page.find("aria-label=\"score\"") != std::string::npos);
     CHECK(std::filesystem::exists(exp / "experiment_state.json"));
     CHECK(lines_of(exp / "trial_00017" / "result.json") == 3);
     CHECK(std::filesystem::exists(exp / "trial_00017" / "params.json"));

@@ -154,13 +154,19 @@ inline std::string trial_table(std::vector<trial_row> const& trials, double elap
   return out;
 }
 
-/// The experiment-level CSV (Ray's ResultGrid.get_dataframe()): one row per trial with its last
-/// result flattened (a/b keys), its hyperparameters as config/<key>, trial_id, status, logdir.
-inline std::string trials_csv(std::vector<trial_row> const& trials) {
+/// One row per trial with its last result flattened (a/b keys), its hyperparameters as
+/// config/<key>, trial_id, status, logdir (and error, where one failed): the cells of trials.csv
+/// and of the HTML report's table. `columns` in first-seen order; a row lacks the keys it has not.
+struct trial_cells {
   std::vector<std::string> columns{"trial_id", "status"};
   std::vector<std::map<std::string, std::string>> rows;
+};
+
+/// The cells of `trials` (see trial_cells).
+inline trial_cells cells_of(std::vector<trial_row> const& trials) {
+  trial_cells out;
   auto add = [&](std::map<std::string, std::string>& row, std::string const& k, std::string v) {
-    if (std::find(columns.begin(), columns.end(), k) == columns.end()) columns.push_back(k);
+    if (std::find(out.columns.begin(), out.columns.end(), k) == out.columns.end()) out.columns.push_back(k);
     row[k] = std::move(v);
   };
   for (auto const& t : trials) {
@@ -169,18 +175,25 @@ inline std::string trials_csv(std::vector<trial_row> const& trials) {
     for (auto const& [k, v] : flatten(t.config)) add(row, "config/" + k, detail::cell(v));
     add(row, "logdir", t.path);
     if (!t.error.empty()) add(row, "error", t.error);
-    rows.push_back(std::move(row));
+    out.rows.push_back(std::move(row));
   }
+  return out;
+}
+
+/// The experiment-level CSV (Ray's ResultGrid.get_dataframe()): cells_of(trials), a header line
+/// and a line per trial.
+inline std::string trials_csv(std::vector<trial_row> const& trials) {
+  auto const cells = cells_of(trials);
   std::string out;
-  for (std::size_t i = 0; i < columns.size(); ++i) {
+  for (std::size_t i = 0; i < cells.columns.size(); ++i) {
     if (i) out += ',';
-    out += detail::csv_cell(columns[i]);
+    out += detail::csv_cell(cells.columns[i]);
   }
   out += '\n';
-  for (auto const& row : rows) {
-    for (std::size_t i = 0; i < columns.size(); ++i) {
+  for (auto const& row : cells.rows) {
+    for (std::size_t i = 0; i < cells.columns.size(); ++i) {
       if (i) out += ',';
-      if (auto it = row.find(columns[i]); it != row.end()) out += detail::csv_cell(it->second);
+      if (auto it = row.find(cells.columns[i]); it != row.end()) out += detail::csv_cell(it->second);
     }
     out += '\n';
   }

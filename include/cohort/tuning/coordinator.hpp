@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cohort/report/html_report.hpp"
 #include "cohort/report/run_directory.hpp"
 #include "cohort/report/trial_table.hpp"
 #include "cohort/tuning/messages.hpp"
@@ -86,6 +87,7 @@ class coordinator {
     }
     std::lock_guard lock(mutex_);
     write_state();
+    write_report();
     if (verbose_ > 0) std::cout << table() << std::flush;
   }
 
@@ -186,6 +188,17 @@ class coordinator {
     }
     last_state_ = std::chrono::steady_clock::now();
     state_write_s_ = std::chrono::duration<double>(last_state_ - started).count();
+  }
+
+  /// report.html beside trials.csv (report::experiment_html: the trials table and a plot per
+  /// metric), once, when the experiment ends however it ends.
+  void write_report() {
+    try {
+      report::write_file_atomic(exp_ / "report.html",
+                                report::experiment_html(book_.rows(), book_.histories(), {.title = exp_.filename().string()}));
+    } catch (std::exception const& e) {
+      std::cerr << ("[cohort] warning: " + std::string(e.what()) + "\n") << std::flush;
+    }
   }
 
   trial_book<Searcher, Scheduler, Stoppers> book_;

@@ -244,6 +244,14 @@ class trial_book {
     return out;
   }
 
+  /// Every trial's results so far, in creation order (as rows()): a copy.
+  std::vector<std::vector<nlohmann::json>> histories() const {
+    std::vector<std::vector<nlohmann::json>> out;
+    out.reserve(order_.size());
+    for (auto const& id : order_) out.push_back(trials_.at(id).history);
+    return out;
+  }
+
   /// experiment_state.json's contents (parse_experiment_state reads them back); clears dirty().
   nlohmann::json state() {
     dirty_ = false;
