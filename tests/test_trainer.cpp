@@ -1,6 +1,7 @@
 #include <cohort/trainer.hpp>
 
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 
@@ -209,4 +210,109 @@ TEST_CASE("storage every rank sees passes the check on one host", "[trainer][mpi
   CHECK_FALSE(cohort::detail::check_shared_storage(world, dir, std::vector<std::string>(static_cast<std::size_t>(world.size()), "here")).has_value());
   MPI_Barrier(MPI_COMM_WORLD);
   CHECK(std::filesystem::is_empty(dir));  // the probe file is removed
+}
+
+namespace {
+
+/// Three steps from the resumed one: each writes a checkpoint directory of its own (step.txt by
+/// rank 0, shards/rank_<k> by every rank: storage every rank sees) under `base(ctx, step)` and
+/// passes it to report() on rank 0 only, Ray's idiom. Returns the step it resumed from.
+auto directory_steps(std::function<std::filesystem::path(cohort::context&, int)> base) {
+  return [base](cohort::context& ctx) {
+    int start = 0;
+    if (auto const& ck = ctx.checkpoint()) std::ifstream(ck->as_directory() / "step.txt") >> start;
+    for (int step = start + 1; step <= start + 3; ++step) {
+      auto const dir = base(ctx, step);
+      if (ctx.world_rank() == 0) std::filesystem::create_directories(dir / "shards");
+      ctx.comm().barrier();
+      std::ofstream(dir / "shards" / ("rank_" + std::to_string(ctx.world_rank()))) << step;
+      if (ctx.world_rank() == 0) {
+        std::ofstream(dir / "step.txt") << step;
+        ctx.report({{"step", step}}, cohort::checkpoint::from_directory(dir));
+      } else {
+        ctx.report({{"step", step}});
+      }
+    }
+    return start;
+  };
+}
+
+/// What a checkpoint directory holds: step.txt and every rank's shard, each with `step`.
+void check_directory_checkpoint(std::filesystem::path const& ck, int step) {
+  CHECK_FALSE(cohort::checkpointing::verify(ck));
+  int got = 0;
+  std::ifstream(ck / "step.txt") >> got;
+  CHECK(got == step);
+  for (int k = 0; k < cohort_test::world_size(); ++k) {
+    int shard = 0;
+    std::ifstream(ck / "shards" / ("rank_" + std::to_string(k))) >> shard;
+    CHECK(shard == step);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint_mode::no_upload commits a directory checkpoint where it was written, without a copy", "[trainer][mpi][checkpointing]") {
+  // Catches: a directory copied (its source still there) instead of moved, a checkpoint missing a
+  // rank's files, retention that does not apply to it, a resume that does not find it.
+  auto const storage = cohort_test::scratch("no_upload");
+  auto const in_run = [](cohort::context& ctx, int step) { return ctx.run_path() / ("mine_" + std::to_string(step)); };
+  auto run = quiet(storage);
+  run.checkpoint_mode = cohort::checkpoint_mode::no_upload;
+  auto r = cohort::trainer{directory_steps(in_run), cohort::checkpointing::keep_last{.num_to_keep = 2}}.fit(nlohmann::json::object(), run);
+  REQUIRE(r.ok());
+  REQUIRE(r.checkpoint);
+  CHECK(r.checkpoint->path == storage / "run" / "checkpoint_000003");
+  check_directory_checkpoint(r.checkpoint->path, 3);
+  if (cohort_test::world_rank() == 0) {
+    for (int step : {1, 2, 3}) CHECK_FALSE(std::filesystem::exists(storage / "run" / ("mine_" + std::to_string(step))));  // moved
+    CHECK_FALSE(std::filesystem::exists(storage / "run" / "checkpoint_000001"));  // keep_last 2
+    CHECK(std::filesystem::exists(storage / "run" / "checkpoint_000002"));
+  }
+  auto again = cohort::trainer{directory_steps(in_run), cohort::checkpointing::keep_last{.num_to_keep = 2}}.fit(nlohmann::json::object(), run);
+  REQUIRE(again.ok());
+  for (auto const& v : again.return_values) CHECK(v == 3);  // every rank resumed from step 3
+  check_directory_checkpoint(again.checkpoint->path, 6);
+}
+
+TEST_CASE("in sync mode a directory checkpoint is copied into the run (Ray's upload), its source left as it is", "[trainer][mpi][checkpointing]") {
+  auto const storage = cohort_test::scratch("dir_upload");
+  auto const outside = [storage](cohort::context&, int step) { return storage / ("outside_" + std::to_string(step)); };
+  auto r = cohort::trainer{directory_steps(outside)}.fit(nlohmann::json::object(), quiet(storage));
+  REQUIRE(r.ok());
+  check_directory_checkpoint(r.checkpoint->path, 3);
+  check_directory_checkpoint(storage / "run" / "checkpoint_000001", 1);
+  if (cohort_test::world_rank() == 0) CHECK(std::filesystem::exists(storage / "outside_3" / "step.txt"));  // copied, not moved
+}
+
+TEST_CASE("a directory checkpoint outside the run in no_upload mode, or holding a link, is an error on every rank", "[trainer][mpi][checkpointing][bad-input]") {
+  auto const storage = cohort_test::scratch("dir_checkpoint_bad");
+  auto run = quiet(storage, "outside");
+  run.checkpoint_mode = cohort::checkpoint_mode::no_upload;
+  auto const outside = [storage](cohort::context&, int step) { return storage / ("elsewhere_" + std::to_string(step)); };
+  auto r = cohort::trainer{directory_steps(outside)}.fit(nlohmann::json::object(), run);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(*r.error, contains_text("checkpoint_mode::no_upload moves the checkpoint within the run directory"));
+  CHECK_THAT(*r.error, contains_text("write it under ctx.run_path(), or use checkpoint_mode::sync to copy it"));
+  CHECK_FALSE(r.checkpoint);
+  if (cohort_test::world_rank() == 0) CHECK(std::filesystem::exists(storage / "elsewhere_1" / "step.txt"));  // not touched
+
+  // A link in the directory: it could lead anywhere, so it is refused, in every mode.
+  auto const linked = [](cohort::context& ctx, int step) {
+    auto dir = ctx.run_path() / ("linked_" + std::to_string(step));
+    if (ctx.world_rank() == 0) {
+      std::filesystem::create_directories(dir);
+      std::error_code ec;
+      std::filesystem::create_symlink("/etc/passwd", dir / "passwd", ec);
+    }
+    return dir;
+  };
+  for (auto mode : {cohort::checkpoint_mode::no_upload, cohort::checkpoint_mode::sync}) {
+    auto bad = quiet(storage, mode == cohort::checkpoint_mode::sync ? "link_sync" : "link_no_upload");
+    bad.checkpoint_mode = mode;
+    auto l = cohort::trainer{directory_steps(linked)}.fit(nlohmann::json::object(), bad);
+    REQUIRE_FALSE(l.ok());
+    CHECK_THAT(*l.error, contains_text("passwd: a symbolic link in the checkpoint directory"));
+    CHECK_FALSE(l.checkpoint);
+  }
 }

@@ -84,6 +84,17 @@ class context {
   /// failed write or commit is a cohort::error on every rank.
   void report(nlohmann::json const& metrics, checkpoint_payload const& payload) { reports_.report(metrics, &payload); }
 
+  /// Records metrics with a checkpoint written as a directory by the functor itself (Ray's
+  /// `report(metrics, checkpoint=Checkpoint.from_directory(dir))`): rank 0 copies `dir` into
+  /// checkpoint_<iteration> (checkpoint_mode sync and async: Ray's upload; leave `dir` as it is
+  /// until report() returns, in async mode until the next report), or, with
+  /// checkpoint_mode::no_upload, moves it there, no byte copied, when it lies under run_path()
+  /// (Ray's NO_UPLOAD). Other ranks may pass the same directory, with files of their own written
+  /// into it before report(), or call report(metrics). Then committed as any checkpoint. A
+  /// directory that is missing, holds a symbolic link, or (no_upload) lies outside the run
+  /// directory is an error on every rank.
+  void report(nlohmann::json const& metrics, cohort::checkpoint const& dir) { reports_.report_directory(metrics, dir.path()); }
+
   /// A report with a checkpoint and its asynchronous validation (Ray's validate_fn): once the
   /// checkpoint is committed, `validate(checkpoint)` runs on a background thread of rank 0 while
   /// training goes on; the metrics it returns are merged into that checkpoint's metrics (same key

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/checkpointing/checkpoint.hpp"
+#include "cohort/checkpointing/directory_payload.hpp"
 #include "cohort/checkpointing/payload.hpp"
 #include "cohort/checkpointing/retained.hpp"
 #include "cohort/comm/any.hpp"
@@ -109,6 +110,13 @@ class reporter {
     rows_.record(rows_.is_open() ? rows_.row_of(std::move(metrics)) : nlohmann::json());
     if (agreed.signal != 0) throw preempted{agreed.signal, rows_.count()};
     consult_listener();
+  }
+
+  /// A report with a checkpoint the functor wrote itself as directory `dir`: copied into the
+  /// checkpoint (sync, async) or moved there (no_upload); see checkpointing/directory_payload.hpp.
+  void report_directory(nlohmann::json metrics, std::filesystem::path const& dir) {
+    auto const payload = checkpointing::directory_payload(dir, run_path_, mode_ == checkpoint_mode::no_upload);
+    report(std::move(metrics), &payload);
   }
 
   /// Async mode: waits for this rank's writer, agrees on its outcome, and commits what is still

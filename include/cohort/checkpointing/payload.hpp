@@ -37,6 +37,9 @@ enum class checkpoint_mode {
   async,  ///< report() returns once the state is captured (checkpoint_of copies it); the files are
           ///< written and committed by a background thread on each rank while training goes on,
           ///< at most one checkpoint in flight; the next report (or the end of fit) waits for it
+  no_upload,  ///< Ray's NO_UPLOAD: a directory checkpoint (report(metrics, checkpoint::from_directory(dir)))
+              ///< written under the run directory is committed where it lies (renamed to
+              ///< checkpoint_<iteration>, no byte copied) instead of copied; everything else as sync
 };
 
 }  // namespace cohort
