@@ -316,3 +316,67 @@ TEST_CASE("a directory checkpoint outside the run in no_upload mode, or holding 
     CHECK_FALSE(l.checkpoint);
   }
 }
+
+TEST_CASE("in no_upload mode a directory checkpoint that is not committed is moved back, not lost", "[trainer][mpi][checkpointing][bad-input]") {
+  // Catches: the only copy of a user's checkpoint left in .staging (deleted by the next attempt)
+  // when another rank's write fails after rank 0 moved the directory in.
+  if (cohort_test::world_size() < 2) {
+    SUCCEED("one rank: no second rank whose write can fail (the case runs at 2-4 ranks)");
+    return;
+  }
+  auto const storage = cohort_test::scratch("no_upload_undo");
+  auto run = quiet(storage);
+  run.checkpoint_mode = cohort::checkpoint_mode::no_upload;
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+    auto const dir = ctx.run_path() / "mine";
+    if (ctx.world_rank() == 0) {
+      std::filesystem::create_directories(dir);
+      std::ofstream(dir / "weights.bin") << "precious";
+      ctx.report({{"step", 1}}, cohort::checkpoint::from_directory(dir));
+    } else {
+      ctx.report({{"step", 1}}, cohort::checkpoint_payload{[](std::filesystem::path const&, int) {
+        throw std::runtime_error("no space left on this rank's disk");
+      }});
+    }
+  }}.fit(nlohmann::json::object(), run);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(*r.error, contains_text("no space left on this rank's disk"));
+  CHECK_FALSE(r.checkpoint);
+  if (cohort_test::world_rank() == 0) {
+    std::string got;
+    std::ifstream(storage / "run" / "mine" / "weights.bin") >> got;
+    CHECK(got == "precious");  // moved back where it was written
+    CHECK_FALSE(std::filesystem::exists(storage / "run" / "mine" / "manifest.json"));
+    CHECK_FALSE(std::filesystem::exists(storage / "run" / "checkpoint_000001"));
+  }
+}
+
+TEST_CASE("a directory checkpoint that reads other than it is, or is the run's own, is refused", "[checkpointing][pure][bad-input]") {
+  // Catches: a '..' after a link, which the kernel resolves elsewhere than the path reads; a
+  // directory holding the run (copied into itself); a committed checkpoint passed again (its
+  // manifest.json would be listed and then overwritten: a checkpoint that never verifies).
+  using cohort::checkpointing::directory_checkpoint_problem;
+  auto const root = cohort_test::scratch("dir_checkpoint_problem") / ("rank_" + std::to_string(cohort_test::world_rank()));
+  auto const run = root / "run";
+  std::filesystem::create_directories(run / "ok" / "sub");
+  std::filesystem::create_directories(run / "checkpoint_000001");
+  std::filesystem::create_directories(root / "elsewhere" / "mine");
+  std::filesystem::create_directory_symlink(root / "elsewhere", run / "link");
+  std::ofstream(run / "checkpoint_000001" / "manifest.json") << "{}";
+  std::ofstream(run / "ok" / "sub" / "w.bin") << "w";
+  for (bool in_place : {false, true}) {
+    CHECK_FALSE(directory_checkpoint_problem(run / "ok", run, in_place));
+    CHECK_FALSE(directory_checkpoint_problem(run / "ok" / "", run, in_place));
+    CHECK_THAT(*directory_checkpoint_problem(run / "link" / ".." / "ok", run, in_place), contains_text("has a '..' component"));
+    CHECK_THAT(*directory_checkpoint_problem(run, run, in_place), contains_text("holds the run directory"));
+    CHECK_THAT(*directory_checkpoint_problem(root, run, in_place), contains_text("holds the run directory"));
+    CHECK_THAT(*directory_checkpoint_problem(run / "checkpoint_000001", run, in_place), contains_text("inside the run's own checkpoint_000001"));
+    CHECK_THAT(*directory_checkpoint_problem(run / "missing", run, in_place), contains_text("does not exist"));
+    CHECK_THAT(*directory_checkpoint_problem(run / "ok" / "sub" / "w.bin", run, in_place), contains_text("is not a directory"));
+    CHECK_THAT(*directory_checkpoint_problem(run / "link", run, in_place), contains_text("is a symbolic link"));
+  }
+  CHECK_THAT(*directory_checkpoint_problem(run / "link" / "mine", run, true), contains_text("is reached through the symbolic link"));
+  CHECK_FALSE(directory_checkpoint_problem(root / "elsewhere" / "mine", run, false));  // sync: anywhere
+  std::ofstream(run / "ok" / "manifest.json") << "{}";
+  CHECK_THAT(*directory_checkpoint_problem(run / "ok", run, false), contains_text("has a manifest.json at its top"));
+}

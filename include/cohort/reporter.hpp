@@ -198,10 +198,13 @@ class reporter {
     } catch (std::exception const& e) {
       err = e.what();
     }
-    if (auto e = agree_on(err)) throw cohort::error(*e);
+    if (auto e = agree_on(err)) {
+      undo_write(iteration, payload);
+      throw cohort::error(*e);
+    }
     if (rank_ == 0) {
       try {
-        commit_now(iteration, row, validate);
+        commit_now(iteration, row, validate, &payload);
       } catch (std::exception const& e) {
         err = e.what();
       }
@@ -278,12 +281,24 @@ class reporter {
     }
   }
 
-  /// Rank 0: commits the staging directory of checkpoint `iteration` and lists it.
-  void commit_now(std::int64_t iteration, nlohmann::json const& row, validate_fn const& validate = {}) {
+  /// A checkpoint that will not be committed: the payload's undo (a moved directory moved back).
+  void undo_write(std::int64_t iteration, checkpoint_payload const& payload) {
+    if (!payload.undo) return;
+    try {
+      payload.undo(staging_of(iteration), rank_);
+    } catch (...) {  // best effort: the error being reported is the write's
+    }
+  }
+
+  /// Rank 0: commits the staging directory of checkpoint `iteration` and lists it. `payload`
+  /// (sync mode): undone when the commit fails.
+  void commit_now(std::int64_t iteration, nlohmann::json const& row, validate_fn const& validate = {},
+                  checkpoint_payload const* payload = nullptr) {
     try {
       checkpointing::commit(staging_of(iteration), checkpoints_.path_of(iteration),
                             {{"training_iteration", iteration}, {"metrics", row}});
     } catch (std::exception const& e) {
+      if (payload) undo_write(iteration, *payload);
       std::error_code ec;
       std::filesystem::remove_all(staging_of(iteration), ec);
       throw cohort::error(std::string("committing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what());

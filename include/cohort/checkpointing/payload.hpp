@@ -29,6 +29,10 @@ struct checkpoint_payload {
   std::function<void()> finish_snapshot{};
   /// Whose state this is (see checkpoint_scope).
   checkpoint_scope scope = checkpoint_scope::replicated;
+  /// Called on every rank when the files `write` put into `dir` will not be committed (a rank's
+  /// write or rank 0's commit failed), before `dir` is deleted: a payload that moved files in
+  /// (a directory checkpoint in checkpoint_mode::no_upload) moves them back. May be empty.
+  std::function<void(std::filesystem::path const& dir, int rank)> undo{};
 };
 
 /// When checkpoint files are written.
