@@ -184,6 +184,18 @@ TEST_CASE("the HTML report: the trials table, one plot per metric with a line pe
   CHECK(count_of(nothing, "<svg") == 1);
   CHECK(nothing.find("inf") == std::string::npos);
   CHECK(nothing.find("<polyline") == std::string::npos);
+  // A long run is thinned to about two points per pixel column, its last point kept; extreme
+  // values give an empty frame, not NaN coordinates.
+  std::vector<nlohmann::json> long_run;
+  for (int i = 1; i <= 5000; ++i) long_run.push_back({{"loss", 1.0 / i}, {"training_iteration", i}});
+  long_run.push_back({{"huge", -1.7e308}, {"training_iteration", 5001}});
+  long_run.push_back({{"huge", 1.7e308}, {"training_iteration", 5002}});
+  auto const thinned = cohort::report::experiment_html({trials[0]}, {long_run}, {.plot_width_px = 300});
+  auto const line = thinned.substr(thinned.find("points=\""), thinned.find("\"/>", thinned.find("points=\"")) - thinned.find("points=\""));
+  CHECK(count_of(line, ",") <= 2 * 300 + 1);
+  CHECK(count_of(line, ",") >= 300);
+  CHECK(thinned.find("nan") == std::string::npos);
+  CHECK(thinned.find("inf") == std::string::npos);
 }
 
 TEST_CASE("the current best trial is the first with the best last value of the metric, as Ray's CLIReporter picks it", "[report][pure]") {

@@ -17,7 +17,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -83,6 +82,8 @@ inline std::string svg_plot(std::string const& metric, std::vector<std::vector<s
   if (x0 > x1) x0 = 0, x1 = 1, y0 = 0, y1 = 1;  // no finite point: an empty frame
   if (x1 <= x0) x1 = x0 + 1;
   if (y1 <= y0) y1 = y0 + (y0 == 0 ? 1 : std::abs(y0) * 0.05);
+  bool const drawable = std::isfinite(x1 - x0) && x1 > x0 && std::isfinite(y1 - y0) && y1 > y0;
+  if (!drawable) x0 = 0, x1 = 1, y0 = 0, y1 = 1;  // values too extreme to scale: an empty frame
   double const left = 64, right = 12, top = 24, bottom = 28;
   double const w = o.plot_width_px - left - right, h = o.plot_height_px - top - bottom;
   auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * w; };
@@ -97,10 +98,16 @@ inline std::string svg_plot(std::string const& metric, std::vector<std::vector<s
   s += "<text x=\"" + number(left) + "\" y=\"" + number(top + h + 18) + "\">" + number(x0) + "</text>";
   s += "<text x=\"" + number(left + w) + "\" y=\"" + number(top + h + 18) + "\" text-anchor=\"end\">" + number(x1) +
        " training_iteration</text>";
-  for (std::size_t t = 0; t < lines.size(); ++t) {
+  for (std::size_t t = 0; t < lines.size() && drawable; ++t) {
     if (lines[t].empty()) continue;
     std::string points;
-    for (auto [x, y] : lines[t]) points += number(px(x)) + "," + number(py(y)) + " ";
+    // At most about two points per pixel column: a long run's line looks the same, the page stays small.
+    auto const columns = static_cast<std::size_t>(2 * std::max(1, o.plot_width_px));
+    auto const stride = std::max<std::size_t>(1, (lines[t].size() + columns - 1) / columns);
+    for (std::size_t i = 0; i < lines[t].size(); i += stride) {
+      auto const [x, y] = lines[t][i + stride >= lines[t].size() ? lines[t].size() - 1 : i];  // the last point always drawn
+      points += number(px(x)) + "," + number(py(y)) + " ";
+    }
     if (lines[t].size() == 1)  // one point: a dot, a polyline of one point draws nothing
       s += "<circle cx=\"" + number(px(lines[t][0].first)) + "\" cy=\"" + number(py(lines[t][0].second)) + "\" r=\"3\" fill=\"" +
            colour_of(t) + "\"/>";
@@ -151,33 +158,28 @@ inline std::string experiment_html(std::vector<trial_row> const& trials, std::ve
     page += "</tr>\n";
   }
   page += "</table>\n";
-  // The plots.
-  std::set<std::string> metrics;
-  for (auto const& h : histories)
-    for (auto const& result : h)
-      for (auto const& [k, v] : flatten(result))
-        if (v.is_number() && !detail::bookkeeping_key(k)) metrics.insert(k);
-  std::size_t plotted = 0;
-  for (auto const& m : metrics) {
-    if (plotted++ == o.max_plots) break;
-    std::vector<std::vector<std::pair<double, double>>> lines(histories.size());
-    for (std::size_t t = 0; t < histories.size(); ++t)
-      for (std::size_t i = 0; i < histories[t].size(); ++i) {
-        auto const flat = flatten(histories[t][i]);
-        auto value_of = [&](std::string const& key) {
-          auto const it = std::find_if(flat.begin(), flat.end(), [&](auto const& kv) { return kv.first == key; });
-          return it != flat.end() && it->second.is_number() ? std::optional<double>(it->second.template get<double>()) : std::nullopt;
-        };
-        auto const y_value = value_of(m);
-        if (!y_value) continue;
-        double const y = *y_value;
-        double const x = value_of("training_iteration").value_or(static_cast<double>(i + 1));
-        if (std::isfinite(x) && std::isfinite(y)) lines[t].emplace_back(x, y);
+  // The plots: each result flattened once, its numeric values by metric.
+  std::map<std::string, std::vector<std::vector<std::pair<double, double>>>> lines;  // metric -> trial -> points
+  for (std::size_t t = 0; t < histories.size(); ++t)
+    for (std::size_t i = 0; i < histories[t].size(); ++i) {
+      auto const flat = flatten(histories[t][i]);
+      double x = static_cast<double>(i + 1);
+      for (auto const& [k, v] : flat)
+        if (k == "training_iteration" && v.is_number()) x = v.get<double>();
+      for (auto const& [k, v] : flat) {
+        if (!v.is_number() || detail::bookkeeping_key(k)) continue;
+        auto& per_trial = lines[k];
+        per_trial.resize(histories.size());
+        if (double const y = v.get<double>(); std::isfinite(x) && std::isfinite(y)) per_trial[t].emplace_back(x, y);
       }
-    page += detail::svg_plot(m, lines, o) + "\n";
+    }
+  std::size_t plotted = 0;
+  for (auto const& [m, per_trial] : lines) {
+    if (plotted++ == o.max_plots) break;
+    page += detail::svg_plot(m, per_trial, o) + "\n";
   }
-  if (metrics.size() > o.max_plots)
-    page += "<p>" + std::to_string(metrics.size() - o.max_plots) + " more metrics are in each trial's result.json.</p>\n";
+  if (lines.size() > o.max_plots)
+    page += "<p>" + std::to_string(lines.size() - o.max_plots) + " more metrics are in each trial's result.json.</p>\n";
   return page + "</body></html>\n";
 }
 
