@@ -228,6 +228,10 @@ class data_loader {
 
     void produce() {
       cohort::detail::begin_background_thread("cohort-loader");
+      // The rank's GPU current on this thread too: pinning memory here otherwise makes a CUDA
+      // context on GPU 0, one per rank of a node.
+      std::optional<c10::DeviceGuard> on_device;
+      if (loader_->device_.kind == device_kind::cuda) on_device.emplace(to_torch(loader_->device_));
       for (std::int64_t b = next_make_; b < total_; ++b) {
         std::string err;
         std::optional<cohort::batch> made;
