@@ -1,4 +1,5 @@
 #include <cohort/tuning/schedulers.hpp>
+#include <cohort/tuning/schedule/hyperband_brackets.hpp>
 
 #include <cmath>
 #include <set>
@@ -540,4 +541,31 @@ TEST_CASE("pbt rejects bad knobs and results without its keys", "[tuning][pure]"
   p.on_trial_add("a", {{"lr", 0.5}});
   CHECK_THROWS_WITH(p.on_trial_result("a", json{{"training_iteration", 1}}), contains_text("has no \"score\""));
   CHECK_THROWS_WITH(p.on_trial_result("z", at(1, "score", 1)), contains_text("never added"));
+}
+
+TEST_CASE("HyperBand's brackets are Ray's: trials and iterations at each milestone", "[tuning][pure]") {
+  // The expected tables are Ray's HyperBandScheduler arithmetic (_get_n0, _get_r0,
+  // _Bracket.successive_halving) evaluated in Python; max_t 81 and eta 3 are its defaults.
+  using m = cohort::schedule::hyperband_milestone;
+  auto milestones = [](std::int64_t max_t, double eta) {
+    std::vector<std::pair<int, std::vector<m>>> out;
+    for (auto const& b : cohort::schedule::hyperband_brackets(max_t, eta)) out.emplace_back(b.s, b.milestones);
+    return out;
+  };
+  CHECK(milestones(81, 3) == std::vector<std::pair<int, std::vector<m>>>{
+                                 {0, {{5, 81}}},
+                                 {1, {{8, 27}, {3, 81}}},
+                                 {2, {{15, 9}, {5, 36}, {2, 81}}},
+                                 {3, {{34, 3}, {12, 12}, {4, 39}, {2, 81}}},
+                                 {4, {{81, 1}, {27, 4}, {9, 13}, {3, 40}, {1, 81}}}});
+  CHECK(milestones(9, 3) == std::vector<std::pair<int, std::vector<m>>>{
+                                {0, {{3, 9}}}, {1, {{5, 3}, {2, 9}}}, {2, {{9, 1}, {3, 4}, {1, 9}}}});
+  CHECK(milestones(100, 4) == std::vector<std::pair<int, std::vector<m>>>{
+                                  {0, {{4, 100}}},
+                                  {1, {{8, 25}, {2, 100}}},
+                                  {2, {{22, 6}, {6, 30}, {2, 100}}},
+                                  {3, {{64, 1}, {16, 5}, {4, 21}, {1, 85}}}});  // not a power of 4: ends short, as in Ray
+  CHECK(milestones(2, 3) == std::vector<std::pair<int, std::vector<m>>>{{0, {{2, 2}}}});  // s = 1 too small: skipped
+  CHECK_THROWS_WITH(cohort::schedule::hyperband_brackets(0, 3), contains_text("max_t must be at least 1"));
+  CHECK_THROWS_WITH(cohort::schedule::hyperband_brackets(81, 1), contains_text("reduction factor must be above 1"));
 }

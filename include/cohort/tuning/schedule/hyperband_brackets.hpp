@@ -1,0 +1,61 @@
+#pragma once
+/// \file
+/// The bracket schedule of synchronous HyperBand (Li et al. 2018, as Ray's HyperBandScheduler
+/// computes it): how many trials each bracket of a band starts, and how many go on at each
+/// milestone to how many iterations. A pure function, the arithmetic a synchronous HyperBand
+/// scheduler follows; the scheduler itself (pausing trials at milestones, resuming the best) is not
+/// built yet (docs/tuning.md).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cohort/error.hpp"
+
+namespace cohort::schedule {
+
+/// One milestone of a bracket: `trials` live trials run until `iteration` (cumulative).
+struct hyperband_milestone {
+  std::int64_t trials = 0;
+  std::int64_t iteration = 0;
+  friend bool operator==(hyperband_milestone const&, hyperband_milestone const&) = default;
+};
+
+/// One bracket: `s` successive halvings after its first milestone.
+struct hyperband_bracket {
+  int s = 0;
+  std::vector<hyperband_milestone> milestones;  ///< the first: (n0 trials, r0 iterations); the last at max_t when max_t is a power of eta
+};
+
+/// Pure: the brackets of one HyperBand band, in the order Ray fills them (s = 0, 1, ...,
+/// s_max), for `max_t` iterations and reduction factor `eta`. s_max + 1 = round(log(max_t) /
+/// log(eta)) + 1; bracket s starts n0 = ceil((s_max + 1) / (s + 1) * eta^s) trials run to
+/// r0 = floor(max_t * eta^-s) iterations (a bracket whose r0 is 0 is skipped, as Ray's "Bracket too
+/// small"); at each of its s milestones the best ceil(n / eta) go on for r = min(r * eta, max_t -
+/// iterations so far) more. Throws cohort::error unless max_t >= 1 and eta > 1.
+inline std::vector<hyperband_bracket> hyperband_brackets(std::int64_t max_t, double eta) {
+  if (max_t < 1) throw cohort::error("hyperband: max_t must be at least 1, got " + std::to_string(max_t));
+  if (!(eta > 1)) throw cohort::error("hyperband: the reduction factor must be above 1, got " + std::to_string(eta));
+  auto const brackets = static_cast<int>(std::round(std::log(static_cast<double>(max_t)) / std::log(eta))) + 1;
+  std::vector<hyperband_bracket> out;
+  for (int s = 0; s < brackets; ++s) {
+    auto const r0 = static_cast<std::int64_t>(static_cast<double>(max_t) * std::pow(eta, -s));
+    if (r0 == 0) continue;
+    auto n = static_cast<std::int64_t>(std::ceil(static_cast<double>(brackets) / (s + 1) * std::pow(eta, s)));
+    hyperband_bracket b{.s = s, .milestones = {{n, r0}}};
+    std::int64_t r = r0, done = r0;
+    for (int h = 0; h < s; ++h) {
+      n = static_cast<std::int64_t>(std::ceil(static_cast<double>(n) / eta));
+      r = static_cast<std::int64_t>(std::min(static_cast<double>(r) * eta, static_cast<double>(max_t - done)));
+      done += r;
+      b.milestones.push_back({n, done});
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+}  // namespace cohort::schedule
