@@ -14,8 +14,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -118,16 +116,6 @@ inline std::string svg_plot(std::string const& metric, std::vector<std::vector<s
 }
 
 }  // namespace detail
-
-/// The results a trial directory's result.json holds (one JSON object per line, as Ray writes
-/// it); a line that does not parse (the torn end of a file being written) is left out.
-inline std::vector<nlohmann::json> read_results(std::filesystem::path const& result_json) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(result_json);
-  for (std::string line; std::getline(in, line);)
-    if (auto j = nlohmann::json::parse(line, nullptr, false); j.is_object()) out.push_back(std::move(j));
-  return out;
-}
 
 /// The page: the trials table (trials.csv's cells, cells_of; each trial's colour beside its id), then a
 /// plot per numeric metric of `histories` (the results of trials[i] in histories[i]; bookkeeping
