@@ -152,6 +152,13 @@ function(cohort_find_torch)
       target_compile_definitions(cohort::libtorch INTERFACE _GLIBCXX_USE_CXX11_ABI=${CMAKE_MATCH_1})
     endif()
   endif()
+  # PyPI's wheels link parts of libstdc++ statically and export them (std::filesystem among them,
+  # pytorch/pytorch#133437). Listed after libtorch, the C++ runtime loses to those copies for every
+  # library in the process, and the 2.11 CUDA wheel's std::filesystem::remove_all calls address 0.
+  # The runtime named first (an option: ahead of every library) keeps each call in its own copy.
+  if(CMAKE_SYSTEM_NAME STREQUAL "Linux" AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_link_options(cohort::libtorch INTERFACE "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
+  endif()
   add_library(cohort::torch INTERFACE IMPORTED)
   target_link_libraries(cohort::torch INTERFACE cohort::cohort cohort::libtorch)
   target_compile_definitions(cohort::torch INTERFACE COHORT_WITH_TORCH=1)
