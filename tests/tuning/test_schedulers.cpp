@@ -569,3 +569,97 @@ TEST_CASE("HyperBand's brackets are Ray's: trials and iterations at each milesto
   CHECK_THROWS_WITH(cohort::schedule::hyperband_brackets(0, 3), contains_text("max_t must be at least 1"));
   CHECK_THROWS_WITH(cohort::schedule::hyperband_brackets(81, 1), contains_text("reduction factor must be above 1"));
 }
+
+namespace {
+
+/// A HyperBand with max_t 9 and eta 3 (brackets: 3 trials to 9; 5 to 3 then 2 to 9; 9 to 1, 3 to
+/// 4, 1 to 9), set up on "score", max, with `trials` added in order.
+schedule::hyperband hyperband_9_3(std::vector<std::string> const& trials) {
+  schedule::hyperband h{.max_t = 9, .reduction_factor = 3};
+  h.setup({"score", cohort::order::max});
+  for (auto const& t : trials) h.on_trial_add(t, json::object());
+  return h;
+}
+
+std::vector<std::string> trials_named(int first, int last) {
+  std::vector<std::string> out;
+  for (int i = first; i <= last; ++i) out.push_back("t" + std::to_string(i));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("HyperBand fills the brackets of a band in Ray's order, then starts the next band", "[tuning][pure]") {
+  // Catches: a bracket overfilled or skipped, bands not restarting at s = 0.
+  auto h = hyperband_9_3(trials_named(0, 17));
+  using b = std::tuple<std::size_t, int, std::size_t, std::int64_t>;  // band, s, live trials, milestone
+  CHECK(h.brackets() == std::vector<b>{{0, 0, 3, 9}, {0, 1, 5, 3}, {0, 2, 9, 1}, {1, 0, 1, 9}});
+  STATIC_REQUIRE(cohort::scheduler<schedule::hyperband>);
+}
+
+TEST_CASE("HyperBand pauses at a milestone until the bracket's last trial reaches it, then the best go on and the rest stop", "[tuning][pure]") {
+  // Catches: halving before every trial reported (asynchronous, ASHA's rule), the wrong number
+  // kept (ceil(5 / 3) = 2), the worst kept, paused trials neither resumed nor stopped, the last
+  // milestone not stopping everyone.
+  auto h = hyperband_9_3(trials_named(0, 7));  // t0-t2: bracket 0; t3-t7: bracket 1 (5 trials, milestone 3)
+  double const score[] = {0, 0, 0, 0.1, 0.5, 0.3, 0.9, 0.2};
+  for (int i = 3; i <= 7; ++i)
+    for (int it = 1; it <= 2; ++it) CHECK(h.on_trial_result("t" + std::to_string(i), at(it, "score", score[i])).what == go);
+  for (int i = 3; i <= 6; ++i) CHECK(h.on_trial_result("t" + std::to_string(i), at(3, "score", score[i])).what == hold);
+  auto none = h.take_paused_decisions();
+  CHECK((none.resume.empty() && none.stop.empty()));
+  CHECK(h.on_trial_result("t7", at(3, "score", score[7])).what == halt);  // 0.2: not among the best 2
+  auto d = h.take_paused_decisions();
+  CHECK(d.resume == std::vector<std::string>{"t4", "t6"});  // 0.5 and 0.9
+  CHECK(d.stop == std::vector<std::string>{"t3", "t5"});
+  CHECK(h.num_stopped() == 3);
+  for (auto const& t : {"t3", "t5", "t7"}) h.on_trial_complete(t, json::object());
+  for (int it = 4; it <= 8; ++it) CHECK(h.on_trial_result("t4", at(it, "score", 0.5)).what == go);
+  CHECK(h.on_trial_result("t4", at(9, "score", 0.5)).what == hold);  // t6 is not at 9 yet
+  CHECK(h.on_trial_result("t6", at(9, "score", 0.9)).what == halt);  // max_t: every trial stops
+  CHECK(h.take_paused_decisions().stop == std::vector<std::string>{"t4"});
+  CHECK_THAT(h.debug_string(), contains_text("Using HyperBand: num_stopped=3 total_brackets=2"));
+  CHECK_THAT(h.debug_string(), contains_text("Bracket(Max Size (n)=2, Milestone (r)=9"));
+}
+
+TEST_CASE("HyperBand ranks for mode min, ties to the later trial, and a NaN lowest", "[tuning][pure]") {
+  // Catches: min ranked as max; a tie broken otherwise than Ray's stable sort; a NaN kept.
+  schedule::hyperband h{.metric = "loss", .mode = cohort::order::min, .max_t = 9, .reduction_factor = 3};
+  h.setup({});
+  for (auto const& t : trials_named(0, 7)) h.on_trial_add(t, json::object());
+  double const nan = std::nan("");
+  double const loss[] = {0, 0, 0, nan, 0.4, 0.4, 0.1, 0.7};
+  for (int i = 3; i <= 6; ++i) CHECK(h.on_trial_result("t" + std::to_string(i), at(3, "loss", loss[i])).what == hold);
+  CHECK(h.on_trial_result("t7", at(3, "loss", loss[7])).what == halt);
+  auto d = h.take_paused_decisions();
+  CHECK(d.resume == std::vector<std::string>{"t5", "t6"});  // 0.1, and of the two 0.4 the later
+  CHECK(d.stop == std::vector<std::string>{"t3", "t4"});
+}
+
+TEST_CASE("HyperBand: a bracket that will not fill is decided once the searcher is exhausted", "[tuning][pure]") {
+  // Catches: a bracket short of trials waiting forever (the experiment would never end).
+  auto h = hyperband_9_3({"t0", "t1"});  // bracket 0 wants 3
+  CHECK(h.on_trial_result("t0", at(9, "score", 1)).what == hold);
+  CHECK(h.on_trial_result("t1", at(9, "score", 2)).what == hold);  // a third trial may still join
+  CHECK(h.take_paused_decisions().stop.empty());
+  h.on_no_more_trials();
+  CHECK(h.take_paused_decisions().stop == std::vector<std::string>{"t0", "t1"});
+}
+
+TEST_CASE("HyperBand's state round-trips: a restored scheduler decides as the original would", "[tuning][pure]") {
+  // Catches: live trials, milestones or stage lost in save_state, so a resumed experiment halves
+  // at the wrong point or forgets paused trials.
+  auto h = hyperband_9_3(trials_named(0, 7));
+  double const score[] = {0, 0, 0, 0.1, 0.5, 0.3, 0.9, 0.2};
+  for (int i = 3; i <= 6; ++i) CHECK(h.on_trial_result("t" + std::to_string(i), at(3, "score", score[i])).what == hold);
+  auto saved = json::parse(h.save_state().dump());
+  schedule::hyperband r{.max_t = 9, .reduction_factor = 3};
+  r.setup({"score", cohort::order::max});
+  r.restore_state(saved);
+  CHECK(r.brackets() == h.brackets());
+  CHECK(r.on_trial_result("t7", at(3, "score", score[7])).what == halt);
+  CHECK(r.take_paused_decisions().resume == std::vector<std::string>{"t4", "t6"});
+  schedule::hyperband other{.max_t = 3, .reduction_factor = 3};
+  other.setup({"score", cohort::order::max});
+  CHECK_THROWS_WITH(other.restore_state(saved), contains_text("restore with the knobs it was saved with"));
+}

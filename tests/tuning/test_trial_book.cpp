@@ -1,7 +1,9 @@
 #include <cohort/tuning/trial_book.hpp>
 
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -159,4 +161,45 @@ TEST_CASE("a searcher that throws ends the experiment with its error once the ru
   book.on_complete(complete("trial_00000"));
   CHECK(done(book.assignment()));
   CHECK_THAT(book.outcome().value("error", ""), contains_text("the searcher failed: out of ideas"));
+}
+
+TEST_CASE("under HyperBand the book pauses trials at milestones and resumes or stops them as the bracket decides", "[tuning][pure]") {
+  // Catches: paused trials resumed before their bracket decided (the book's own rule for other
+  // schedulers), a stop decision for a paused trial not applied, a trial decided while still
+  // pausing lost, an experiment that never says done. Trials report one iteration at a time,
+  // two at once, their score their config's "a" (trial n has a = n + 1); max_t 9, eta 3:
+  // bracket 0 runs trials 0-2 to 9; bracket 1 runs trials 3-7 to 3, then the best two (6, 7) to 9.
+  auto const dir = fresh("book_hyperband");
+  std::vector<json> values;
+  for (int a = 1; a <= 8; ++a) values.push_back(a);
+  cohort::tuning::detail::trial_book<search::basic, schedule::hyperband, std::tuple<>> book(
+      {}, {.max_t = 9, .reduction_factor = 3}, {}, {.metric = "score"}, dir, 2);
+  book.start(cohort::space{{"a", cohort::grid_search(values)}});
+  std::map<std::string, int> iteration;
+  std::map<std::string, int> score;
+  std::deque<std::string> running;
+  bool finished = false;
+  for (int step = 0; step < 1000 && !finished; ++step) {
+    while (auto a = book.assignment()) {
+      if (done(a)) {
+        finished = true;
+        break;
+      }
+      score[id_of(a)] = a->at("config").at("a").get<int>();
+      running.push_back(id_of(a));
+    }
+    if (finished) break;
+    REQUIRE_FALSE(running.empty());  // nothing runs and the book is not done: it would hang
+    REQUIRE(running.size() <= 2);
+    auto id = running.front();
+    running.pop_front();
+    int const it = ++iteration[id];
+    auto what = book.on_result({{"trial_id", id}, {"row", {{"score", score[id]}, {"training_iteration", it}}}}).at("what");
+    if (what == "proceed") running.push_back(id);
+    else book.on_complete(complete(id, what == "pause" ? "pause" : "done"));
+  }
+  REQUIRE(finished);
+  CHECK(iteration == std::map<std::string, int>{{"trial_00000", 9}, {"trial_00001", 9}, {"trial_00002", 9}, {"trial_00003", 3},
+                                                {"trial_00004", 3}, {"trial_00005", 3}, {"trial_00006", 9}, {"trial_00007", 9}});
+  CHECK(statuses(book) == std::vector<std::string>(8, "TERMINATED"));
 }

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -33,6 +34,14 @@ struct scheduling_decision {
   tuning::decision what = decision::proceed;
   std::string donor{};          ///< exploit: the trial whose latest checkpoint is cloned
   nlohmann::json config{};      ///< exploit: the perturbed config the trial continues with
+};
+
+/// A synchronous scheduler's decisions about trials other than the one reporting (HyperBand at a
+/// milestone): paused trials to resume and paused trials to stop. A trial still pausing when it is
+/// named is resumed or stopped once its pause is committed.
+struct paused_decisions {
+  std::vector<std::string> resume{};
+  std::vector<std::string> stop{};
 };
 
 namespace detail {

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// Trial schedulers (Ray Tune's FIFOScheduler, AsyncHyperBandScheduler, MedianStoppingRule and
-/// PopulationBasedTraining): after every reported result they decide whether a trial proceeds,
+/// Trial schedulers (Ray Tune's FIFOScheduler, AsyncHyperBandScheduler, HyperBandScheduler,
+/// MedianStoppingRule and PopulationBasedTraining): after every reported result they decide whether a trial proceeds,
 /// stops, pauses or (PBT) exploits another trial. Each decision is a pure function of the results
 /// seen so far (and, for PBT and multi-bracket ASHA, of a seeded std::mt19937_64 whose state is part
 /// of `save_state`), so the tuner makes it on one rank and the tests check it on hand-computed
@@ -19,5 +19,6 @@
 
 #include "cohort/tuning/schedule/asha.hpp"
 #include "cohort/tuning/schedule/fifo.hpp"
+#include "cohort/tuning/schedule/hyperband.hpp"
 #include "cohort/tuning/schedule/median_stopping.hpp"
 #include "cohort/tuning/schedule/pbt.hpp"

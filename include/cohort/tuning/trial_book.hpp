@@ -7,6 +7,7 @@
 /// drive it on one rank.
 
 #include <algorithm>
+#include <concepts>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -16,6 +17,7 @@
 #include <iterator>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -123,6 +125,8 @@ class trial_book {
     }
     set_aside_orphans(exp_, trials_);
     restored_ = true;
+    if (exhausted_) mark_exhausted();
+    else apply_paused_decisions();  // decisions saved before the interruption
   }
 
   /// Whether start() restored an interrupted experiment.
@@ -166,6 +170,7 @@ class trial_book {
     } catch (std::exception const& e) {
       return {{"what", "error"}, {"error", std::string("the scheduler failed on ") + t.id + ": " + e.what()}};
     }
+    apply_paused_decisions();
     switch (d.what) {
       case decision::proceed:
         return {{"what", "proceed"}};
@@ -199,15 +204,25 @@ class trial_book {
       stopping_ = true;
       if (preempted_.empty()) preempted_ = msg.value("error", std::string("stopped by a signal"));
     } else if (outcome == "pause") {
-      t.status = "PAUSED";
-      paused_.push_back(t.id);
+      if (stop_when_paused_.erase(t.id)) {
+        terminate(t);
+      } else if (resume_when_paused_.erase(t.id)) {
+        t.status = "PENDING";
+        queue_.push_back(t.id);
+      } else {
+        t.status = "PAUSED";
+        paused_.push_back(t.id);
+      }
     } else if (outcome == "exploit" && t.exploit) {
       continue_from_donor(t);
     } else {
-      t.status = "TERMINATED";
-      safely([&] { searcher_.on_trial_complete(t.id, t.last()); });
-      safely([&] { scheduler_.on_trial_complete(t.id, t.last()); });
+      terminate(t);
     }
+    if (outcome != "pause") {
+      stop_when_paused_.erase(t.id);
+      resume_when_paused_.erase(t.id);
+    }
+    apply_paused_decisions();
   }
 
   /// The experiment's time budget (the stoppers' stop_all): true once it is spent, after which
@@ -295,7 +310,9 @@ class trial_book {
     if (!exhausted_) {
       if (auto id = suggest()) return id;
     }
-    if (exhausted_ && !paused_.empty()) {
+    // A paused trial waits for its scheduler's word where the scheduler gives one (HyperBand);
+    // with nothing else running or queued, or a scheduler that gives none, the first resumes.
+    if (exhausted_ && !paused_.empty() && (!directs_paused || (running_ == 0 && queue_.empty()))) {
       auto id = paused_.front();
       paused_.pop_front();
       trials_.at(id).resumed_after_pause = true;
@@ -315,7 +332,7 @@ class trial_book {
       fail(std::string("the searcher failed: ") + e.what());
     }
     if (!config) {
-      exhausted_ = true;
+      mark_exhausted();
       return std::nullopt;
     }
     ++next_;
@@ -358,6 +375,60 @@ class trial_book {
     queue_.push_front(t.id);
   }
 
+  /// Whether the scheduler decides about paused trials itself (HyperBand): which resume, which stop.
+  static constexpr bool directs_paused = requires(Scheduler& s) {
+    { s.take_paused_decisions() } -> std::same_as<paused_decisions>;
+  };
+
+  /// The searcher has no more trials: a scheduler that waits for more is told.
+  void mark_exhausted() {
+    exhausted_ = true;
+    if constexpr (requires(Scheduler& s) { s.on_no_more_trials(); }) safely([&] { scheduler_.on_no_more_trials(); });
+    apply_paused_decisions();
+  }
+
+  /// The scheduler's decisions about paused trials: a paused trial stops (TERMINATED) or is
+  /// queued again; one still pausing does so once its pause is committed (on_complete).
+  void apply_paused_decisions() {
+    if constexpr (directs_paused) {
+      paused_decisions d;
+      safely([&] { d = scheduler_.take_paused_decisions(); });
+      for (auto const& id : d.stop) {
+        auto it = trials_.find(id);
+        if (it == trials_.end()) continue;
+        if (auto p = std::find(paused_.begin(), paused_.end(), id); p != paused_.end()) {
+          paused_.erase(p);
+          terminate(it->second);
+        } else if (auto q = std::find(queue_.begin(), queue_.end(), id); q != queue_.end()) {
+          queue_.erase(q);  // pausing when the experiment was interrupted: pending since
+          terminate(it->second);
+        } else if (it->second.status == "RUNNING") {
+          stop_when_paused_.insert(id);
+        }
+      }
+      for (auto const& id : d.resume) {
+        auto it = trials_.find(id);
+        if (it == trials_.end()) continue;
+        if (auto p = std::find(paused_.begin(), paused_.end(), id); p != paused_.end()) {
+          paused_.erase(p);
+          it->second.status = "PENDING";
+          queue_.push_back(id);
+        } else if (it->second.status == "RUNNING") {
+          resume_when_paused_.insert(id);
+        }
+      }
+      dirty_ = dirty_ || !d.stop.empty() || !d.resume.empty();
+    }
+  }
+
+  /// The trial ended for good: the searcher and the scheduler are told.
+  void terminate(trial_state& t) {
+    t.status = "TERMINATED";
+    dirty_ = true;
+    safely([&] { searcher_.on_trial_complete(t.id, t.last()); });
+    safely([&] { scheduler_.on_trial_complete(t.id, t.last()); });
+  }
+
   template <class F>
   void safely(F&& f) {
     try {
@@ -376,6 +447,7 @@ class trial_book {
   std::map<std::string, trial_state> trials_;
   std::vector<std::string> order_;       ///< trial ids in creation order
   std::deque<std::string> queue_, paused_;
+  std::set<std::string> stop_when_paused_, resume_when_paused_;  ///< decided while the trial was still pausing
   std::size_t next_ = 0, running_ = 0, clones_ = 0;
   bool exhausted_ = false, stopping_ = false, dirty_ = true, restored_ = false;
   std::string fatal_, preempted_;

@@ -2,9 +2,8 @@
 /// \file
 /// The bracket schedule of synchronous HyperBand (Li et al. 2018, as Ray's HyperBandScheduler
 /// computes it): how many trials each bracket of a band starts, and how many go on at each
-/// milestone to how many iterations. A pure function, the arithmetic a synchronous HyperBand
-/// scheduler follows; the scheduler itself (pausing trials at milestones, resuming the best) is not
-/// built yet (docs/tuning.md).
+/// milestone to how many iterations. A pure function: the arithmetic schedule::hyperband
+/// (hyperband.hpp) follows.
 
 #include <algorithm>
 #include <cmath>
