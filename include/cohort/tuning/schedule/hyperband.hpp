@@ -38,6 +38,7 @@ struct hyperband_bracket_state {
   std::size_t index = 0;  ///< into hyperband_brackets(max_t, reduction_factor)
   std::size_t stage = 0;  ///< milestones passed (successive halvings done)
   double progress = 0;    ///< iterations reported by its trials, for the completion figure
+  std::size_t added = 0;  ///< trials ever added (a bracket whose trials all ended is still full)
   std::vector<hyperband_trial> live{};
 };
 
@@ -61,7 +62,7 @@ struct hyperband_state {
 /// first run to r0 iterations), a new band after the last. A result below the bracket's current
 /// milestone (time_attr, cumulative) proceeds; one at or past it pauses the trial until every
 /// live trial of the bracket has reached the milestone, and no trial will join the bracket any
-/// more (it holds n0, a later bracket exists, or the searcher is exhausted: on_no_more_trials;
+/// more (it was given n0, a later bracket exists, or the searcher is exhausted: on_no_more_trials;
 /// Ray creates its trials ahead, the tuner asks its searcher one trial at a time). Then the best
 /// ceil(n / reduction_factor) by the metric go on to the next milestone and the others stop; at
 /// the last milestone (max_t) every trial stops (if `stop_last_trials`). Ties keep the order of
@@ -104,6 +105,7 @@ struct hyperband {
       state_.brackets.push_back(std::move(next));
     }
     state_.brackets.back().live.push_back({id, 0, detail::nan_v});
+    ++state_.brackets.back().added;
     state_.trial_bracket[id] = state_.brackets.size() - 1;
   }
 
@@ -155,7 +157,8 @@ struct hyperband {
     for (auto const& b : state_.brackets) {
       nlohmann::json live = nlohmann::json::array();
       for (auto const& t : b.live) live.push_back({{"id", t.id}, {"time", t.time}, {"value", detail::number_or_null(t.value)}});
-      brackets_j.push_back({{"band", b.band}, {"index", b.index}, {"stage", b.stage}, {"progress", b.progress}, {"live", live}});
+      brackets_j.push_back(
+          {{"band", b.band}, {"index", b.index}, {"stage", b.stage}, {"progress", b.progress}, {"added", b.added}, {"live", live}});
     }
     return {{"max_t", max_t},
             {"reduction_factor", reduction_factor},
@@ -181,6 +184,7 @@ struct hyperband {
       b.index = bj.at("index").get<std::size_t>();
       b.stage = bj.at("stage").get<std::size_t>();
       b.progress = bj.value("progress", 0.0);
+      b.added = bj.at("added").get<std::size_t>();
       if (b.index >= schedule.size() || b.stage >= schedule[b.index].milestones.size())
         throw cohort::error(who + ": the saved state's brackets differ from these knobs' (max_t " + std::to_string(max_t) +
                             "); restore with the knobs it was saved with");
@@ -247,12 +251,12 @@ struct hyperband {
     return std::max(work, 1.0);
   }
 
-  /// Whether bracket `b` may still get trials: the newest, before its first milestone, not full,
-  /// and the searcher not exhausted.
+  /// Whether bracket `b` may still get trials: the newest, before its first milestone, given
+  /// fewer than n0 trials so far, and the searcher not exhausted.
   bool accepting(std::size_t b) const {
     auto const& br = state_.brackets[b];
     return b + 1 == state_.brackets.size() && br.stage == 0 && !state_.closed &&
-           static_cast<std::int64_t>(br.live.size()) < milestone(br).trials;
+           static_cast<std::int64_t>(br.added) < milestone(br).trials;
   }
 
   static detail::hyperband_trial* find_live(detail::hyperband_bracket_state& b, std::string const& id) {
