@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// One long-lived background thread that runs jobs in order: a rank's async checkpoint writes and
-/// progress lines share one (detail::reporter's worker).
+/// progress lines share one (detail::reporter's worker); a gradient reducer's all-reduces have one.
 /// Handing a job to a waiting thread costs a wake-up, where starting a thread per job cost a
 /// clone() and, on busy cores, sometimes milliseconds before the caller ran again.
 
@@ -34,6 +34,12 @@ inline void yield_on_wakeup() {
 #endif
 }
 
+/// How a background_worker's thread takes its core when a job wakes it.
+enum class on_wakeup {
+  yield,    ///< after the running thread's slice (SCHED_BATCH: yield_on_wakeup): writers, printers
+  preempt,  ///< at once, as any thread: work the training thread waits for (gradient all-reduces)
+};
+
 /// One long-lived thread that runs the jobs given to it one after another, in order: a rank's
 /// progress lines and its async checkpoint writes (one in flight), on one thread so that a report
 /// wakes one thread. Waking a second batch thread while the first still waits for the core makes
@@ -43,7 +49,9 @@ inline void yield_on_wakeup() {
 class background_worker {
  public:
   /// `name` names the thread, e.g. "cohort-writer" (cut to the 15 characters Linux allows).
-  explicit background_worker(std::string_view name) { name.copy(name_, sizeof name_ - 1); }
+  explicit background_worker(std::string_view name, on_wakeup wakeup = on_wakeup::yield) : wakeup_(wakeup) {
+    name.copy(name_, sizeof name_ - 1);
+  }
   background_worker(background_worker const&) = delete;
   background_worker& operator=(background_worker const&) = delete;
   ~background_worker() {
@@ -88,7 +96,7 @@ class background_worker {
  private:
   void loop() {
     begin_background_thread(name_);
-    yield_on_wakeup();
+    if (wakeup_ == on_wakeup::yield) yield_on_wakeup();
     sigset_t stop_signals;
     sigemptyset(&stop_signals);
     sigaddset(&stop_signals, SIGTERM);
@@ -111,6 +119,7 @@ class background_worker {
   }
 
   char name_[16] = {};
+  on_wakeup wakeup_;
   mutable std::mutex mutex_;
   std::condition_variable wake_, idle_;
   std::deque<std::function<void()>> jobs_;
