@@ -56,6 +56,9 @@ struct reporter_options {
   checkpoint_mode mode = checkpoint_mode::sync;     ///< run_config::checkpoint_mode
   report_listener listener{};                       ///< set (on every rank) when a tuner runs this fit as a trial
   checkpointing::retained::retain_fn retain{};      ///< the checkpointing policy's decision
+  /// Rank 0: validates every committed checkpoint after the report's own validate_fn, if any
+  /// (run_config::validators: asks the validator ranks).
+  validate_fn validate_every{};
 };
 
 /// One rank's reports during one fit(); see the file comment. Only the training thread calls it.
@@ -65,7 +68,7 @@ class reporter {
   /// agreement on control flow, which every report starts with. Both outlive the reporter.
   reporter(comm::any& control, lockstep& steps, reporter_options options)
       : control_(control), steps_(steps), rank_(options.rank), run_path_(std::move(options.run_path)),
-        mode_(options.mode), listener_(std::move(options.listener)) {
+        mode_(options.mode), listener_(std::move(options.listener)), validate_every_(std::move(options.validate_every)) {
     checkpoints_.open(run_path_, std::move(options.retain));
   }
   reporter(reporter const&) = delete;
@@ -303,7 +306,17 @@ class reporter {
       std::filesystem::remove_all(staging_of(iteration), ec);
       throw cohort::error(std::string("committing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what());
     }
-    checkpoints_.add(iteration, row, validate);
+    checkpoints_.add(iteration, row, with_every(validate));
+  }
+
+  /// The report's own validation, then the one of every checkpoint; metrics merged in that order.
+  validate_fn with_every(validate_fn const& own) const {
+    if (!validate_every_ || !own) return own ? own : validate_every_;
+    return [own, every = validate_every_](cohort::checkpoint const& c) {
+      auto m = own(c);
+      if (m.is_object()) m.update(every(c));  // otherwise retained records the error
+      return m;
+    };
   }
 
   /// Joins the writer and agrees on its outcome; what it wrote becomes rank 0's next commit.
@@ -327,6 +340,7 @@ class reporter {
   std::string staging_prefix_;  ///< unique per attempt: staging directories never collide
   checkpoint_mode mode_ = checkpoint_mode::sync;
   report_listener listener_;
+  validate_fn validate_every_;
   checkpointing::retained checkpoints_;  ///< rank 0: retained, oldest first
   /// The rank's one background thread for reports: progress lines and async checkpoint writes,
   /// in order (one wake-up per report). It makes no MPI call. Declared before rows_, whose

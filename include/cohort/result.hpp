@@ -22,7 +22,8 @@ namespace detail {
 struct no_return {};
 }  // namespace detail
 
-/// What `trainer::fit` returns: the same on every rank of the trainer's communicator.
+/// What `trainer::fit` returns: the same on every rank of the trainer's communicator (validator
+/// ranks included, return_values aside).
 /// `Return` is the functor's return type (`void` gives no `return_values`).
 template <class Return>
 struct result {
@@ -33,7 +34,8 @@ struct result {
   bool preempted = false;
   /// Set when a tuner ended the run early, after a report: "stop", "pause", "exploit" or "preempt".
   std::optional<std::string> stopped;  ///< stopped by SIGTERM/SIGINT after committing; exit with exit_code_preempted
-  /// The functor's return value from every rank, in rank order (empty when the run failed).
+  /// The functor's return value from every training rank, in rank order (empty when the run
+  /// failed, and on validator ranks: run_config::validators).
   std::vector<std::conditional_t<std::is_void_v<Return>, detail::no_return, Return>> return_values;
   std::optional<checkpoint_info> checkpoint;           ///< latest committed checkpoint (checkpointing layer)
   std::vector<checkpoint_info> best_checkpoints;       ///< retained checkpoints, best first (checkpointing layer)
@@ -41,5 +43,41 @@ struct result {
   /// True when the run finished without error.
   bool ok() const { return !error.has_value(); }
 };
+
+namespace detail {
+
+/// A result as JSON without its return values: what rank 0 of the trainers sends the validator
+/// ranks (run_config::validators) at the end of fit().
+template <class Return>
+nlohmann::json result_to_json(result<Return> const& r) {
+  auto info = [](checkpoint_info const& c) { return nlohmann::json{{"path", c.path.string()}, {"metrics", c.metrics}}; };
+  nlohmann::json j{{"metrics", r.metrics}, {"metrics_history", r.metrics_history}, {"path", r.path.string()},
+                   {"preempted", r.preempted}, {"best_checkpoints", nlohmann::json::array()}};
+  if (r.error) j["error"] = *r.error;
+  if (r.stopped) j["stopped"] = *r.stopped;
+  if (r.checkpoint) j["checkpoint"] = info(*r.checkpoint);
+  for (auto const& c : r.best_checkpoints) j["best_checkpoints"].push_back(info(c));
+  return j;
+}
+
+/// The inverse of result_to_json; return_values stay empty.
+template <class Return>
+result<Return> result_from_json(nlohmann::json const& j) {
+  auto info = [](nlohmann::json const& c) {
+    return checkpoint_info{c["path"].get<std::string>(), c["metrics"]};
+  };
+  result<Return> r;
+  r.metrics = j["metrics"];
+  for (auto const& row : j["metrics_history"]) r.metrics_history.push_back(row);
+  r.path = j["path"].get<std::string>();
+  r.preempted = j["preempted"].get<bool>();
+  if (j.contains("error")) r.error = j["error"].get<std::string>();
+  if (j.contains("stopped")) r.stopped = j["stopped"].get<std::string>();
+  if (j.contains("checkpoint")) r.checkpoint = info(j["checkpoint"]);
+  for (auto const& c : j["best_checkpoints"]) r.best_checkpoints.push_back(info(c));
+  return r;
+}
+
+}  // namespace detail
 
 }  // namespace cohort

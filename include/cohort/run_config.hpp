@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cohort/checkpointing/payload.hpp"
+#include "cohort/checkpointing/validators.hpp"
 
 namespace cohort {
 
@@ -35,6 +36,11 @@ struct run_config {
   /// writes it, so report() does not wait for it; each attempt of a run writes a new file. Under
   /// a tuner every trial directory gets one. `tensorboard --logdir <storage_path>` shows them.
   bool tensorboard = true;
+  /// Ranks that validate instead of training (Ray's validate_fn on workers of its own): the last
+  /// `validators.ranks` ranks run `validators.validate` on every committed checkpoint, together
+  /// (they may communicate), while the others train; the first validator's metrics are merged
+  /// into the checkpoint's as a report's validate_fn's are (docs/checkpointing.md).
+  cohort::validator_options validators{};
 };
 
 }  // namespace cohort

@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/checkpointing/checkpoint.hpp"
+#include "cohort/checkpointing/validators.hpp"
 #include "cohort/comm/any.hpp"
 #include "cohort/comm/collectives.hpp"
 #include "cohort/comm/deadline.hpp"
@@ -238,6 +239,60 @@ class trainer {
   /// its answer): how cohort::tuner runs a trial and stops it early.
   template <class Config, comm::communicator C>
   auto fit(Config const& config, run_config const& run, C& comm, detail::report_listener listener) {
+    if (run.validators.ranks == 0) return fit_ranks(config, run, comm, std::move(listener), validate_fn{});
+    return fit_with_validators(config, run, comm, std::move(listener));
+  }
+
+ private:
+  /// The functor's return type for a `Config`.
+  template <class Config, class Param = detail::config_param_t<Fn, Config>>
+  using return_of = typename std::conditional_t<std::is_invocable_v<Fn&, context&, Param const&>,
+                                                std::invoke_result<Fn&, context&, Param const&>,
+                                                std::invoke_result<Fn&, context&>>::type;
+
+  /// run_config::validators: the communicator's last ranks validate while the first ones train
+  /// (checkpointing/validators.hpp). Every rank returns the trainers' result.
+  template <class Config, comm::communicator C>
+  result<return_of<Config>> fit_with_validators(Config const& config, run_config const& run, C& comm,
+                                                detail::report_listener listener) {
+    result<return_of<Config>> out;
+    int const timeout_ms = std::max(run.collective_timeout_ms, 0);
+    comm::any all(comm.split(0, comm.rank()));
+    detail::set_comm_options(all, {.timeout_ms = timeout_ms, .name = "validators' setup"});
+    int const rank = all.rank();
+    if (auto e = comm::agree_on_error(all, cohort::checkpointing::validator_problem(run.validators, all.size())))
+      return fail(std::move(out), *e, rank);
+    int const first_validator = all.size() - run.validators.ranks;
+    bool const validating = rank >= first_validator;
+    comm::any group = all.split(validating ? 1 : 0, rank);
+    comm::any link = all.split(rank == 0 || rank == first_validator ? 1 : 0, rank);  // trainer 0, validator 0
+    detail::set_comm_options(link, {.timeout_ms = 0, .name = "validation link"});  // checkpoints come when they come
+    if (!validating) {
+      auto training = run;
+      training.validators = {};
+      validate_fn ask;
+      if (rank == 0) ask = [&link](cohort::checkpoint const& c) { return cohort::checkpointing::ask_validators(link, c.path()); };
+      out = fit_ranks(config, training, group, std::move(listener), std::move(ask));
+      if (rank == 0) cohort::checkpointing::end_validators(link, detail::result_to_json(out));
+      return out;
+    }
+    detail::set_comm_options(group, {.timeout_ms = 0, .name = "validators"});
+    comm::any work = group.split(0, group.rank());
+    detail::set_comm_options(work, {.timeout_ms = timeout_ms, .name = "validation"});
+    auto const placed = locate(work);
+    validator_context ctx(placed.topo, scaling().device_for(placed.topo), work);
+    detail::signal_guard signals;  // SIGTERM/SIGINT stop the trainers at their next report, then these
+    auto ended = detail::result_from_json<return_of<Config>>(cohort::checkpointing::serve_validations(
+        group.rank() == 0 ? &link : nullptr, group, run.validators.validate, ctx, run.abort_timeout_ms));
+    if (!ended.error) return ended;
+    auto const message = *ended.error;
+    return fail(std::move(ended), message, rank);
+  }
+
+  /// fit() on the ranks that train; `validate_every` (rank 0) validates every committed checkpoint.
+  template <class Config, comm::communicator C>
+  auto fit_ranks(Config const& config, run_config const& run, C& comm, detail::report_listener listener,
+                 validate_fn validate_every) {
     using param_type = detail::config_param_t<Fn, Config>;
     constexpr bool takes_config = std::is_invocable_v<Fn&, context&, param_type const&>;
     static_assert(takes_config || std::is_invocable_v<Fn&, context&>,
@@ -260,7 +315,8 @@ class trainer {
                               .listener = std::move(listener),
                               .retain = [policy = checkpointing()](std::span<cohort::checkpointing::record const> all) {
                                 return policy.retain(all);
-                              }});
+                              },
+                              .validate_every = std::move(validate_every)});
     auto opened = open_run(run, run_path, setup, reports, steps, comms.control);
     if (opened.error) return fail(std::move(out), *opened.error, rank);
     auto placed = place(comms.control, run_path);
@@ -289,7 +345,6 @@ class trainer {
     return out;
   }
 
- private:
   /// What setup agrees on: the config as every rank's functor takes it (rank 0's), its JSON text
   /// and the run's name; or the error, on every rank.
   template <class Param>
@@ -385,18 +440,27 @@ class trainer {
   };
 
   placement place(comm::any& control, std::filesystem::path const& run_path) const {
-    placement out;
-    auto const hosts = comm::allgather_strings(control, detail::host_name());
-    out.topo = scaling::topology_from_hosts(hosts, control.rank());
-    if (detail::job_ranks_on_node() > 0) {  // cohort initialised MPI: the job's ranks on this node are known
-      out.topo.job_local_rank = detail::job_local_rank();
-      out.topo.job_local_size = detail::job_ranks_on_node();
-    }
+    std::vector<std::string> hosts;
+    auto out = locate(control, &hosts);
     if (out.topo.num_nodes > 1)  // checkpoints are written by every rank and read back by every rank
       if ((out.error = detail::check_shared_storage(control, run_path, hosts))) return out;
     if constexpr (requires(scaling_type const& p) { p.placement_error(out.topo, 0); }) {
       if ((out.error = comm::agree_on_error(control, scaling().placement_error(out.topo, scaling::visible_cuda_devices()))))
         return out;
+    }
+    return out;
+  }
+
+  /// place() without its checks: the topology in `comm` (every rank's host name into `hosts`
+  /// when given) and the intra-op threads, set in LibTorch. Collective.
+  placement locate(comm::any& comm, std::vector<std::string>* hosts = nullptr) const {
+    placement out;
+    auto const names = comm::allgather_strings(comm, detail::host_name());
+    out.topo = scaling::topology_from_hosts(names, comm.rank());
+    if (hosts) *hosts = names;
+    if (detail::job_ranks_on_node() > 0) {  // cohort initialised MPI: the job's ranks on this node are known
+      out.topo.job_local_rank = detail::job_local_rank();
+      out.topo.job_local_size = detail::job_ranks_on_node();
     }
     auto placed = out.topo;
     auto const cores =
@@ -467,7 +531,7 @@ class trainer {
   /// most `abort_timeout_ms` for them to get there, then aborts the job rather than hang.
   static void tell_the_others(detail::lockstep& steps, std::string const& failure, int abort_timeout_ms, int rank) {
     auto settle = [&] {  // the agreement in flight, waited for at most abort_timeout_ms
-      wait_or_abort([&] { return steps.test(); }, abort_timeout_ms, rank, failure);
+      comm::detail::wait_or_abort([&] { return steps.test(); }, abort_timeout_ms, rank, failure);
       try {
         steps.finish();
       } catch (detail::diverged const&) {  // the others were elsewhere: they now stop too
@@ -497,7 +561,7 @@ class trainer {
     bool completed = false;
     if (reports.rows().has_console())
       while (!reports.worker().wait_for(std::chrono::milliseconds(1))) completed = completed || req.test();
-    if (!completed && failure) wait_or_abort([&] { return req.test(); }, abort_timeout_ms, control.rank(), *failure);
+    if (!completed && failure) comm::detail::wait_or_abort([&] { return req.test(); }, abort_timeout_ms, control.rank(), *failure);
     else if (!completed) req.wait();
     if (status[0] != 0) return comm::agree_on_error(control, status[0] == 2 && ran.secondary ? std::nullopt : failure);
     if (status[1] != -status[2])
@@ -603,24 +667,6 @@ class trainer {
     }
     for (auto const& r : order) out["best"].push_back(entry(r));
     return out;
-  }
-
-  /// Polls `done` until it is true; after `timeout_ms`, prints this rank's `failure` and aborts
-  /// the job (the other ranks, told by the alarm, print where they wait).
-  template <class Done>
-  static void wait_or_abort(Done done, int timeout_ms, int rank, std::string const& failure) {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (!done()) {
-      if (comm::detail::job_alarm().poll() >= 0)  // another rank is ending the job: say why this one stopped
-        comm::detail::abort_job("[cohort] rank " + std::to_string(rank) + ": error: " + failure, comm::detail::other_ranks::already_know);
-      if (std::chrono::steady_clock::now() > deadline)
-        comm::detail::abort_job("[cohort] rank " + std::to_string(rank) + ": error: " + failure + "\n[cohort] rank " +
-                                std::to_string(rank) + ": the other ranks did not finish within " +
-                                std::to_string(timeout_ms) +
-                                " ms of this rank's error (they are likely blocked in a collective it will not enter): "
-                                "aborting the job");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
   }
 
   Fn fn_;

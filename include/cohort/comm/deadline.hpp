@@ -220,6 +220,23 @@ inline void wait_all(MPI_Request* requests, int n, collective const& what, int t
   }
 }
 
+/// Polls `done` until it is true, for rank `rank` that failed on its own with `failure`; after
+/// `timeout_ms`, prints the failure and aborts the job (the other ranks, told by the alarm, print
+/// where they wait); when another rank ends the job meanwhile, prints the failure and goes too.
+template <class Done>
+void wait_or_abort(Done done, int timeout_ms, int rank, std::string const& failure) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!done()) {
+    if (job_alarm().poll() >= 0)  // another rank is ending the job: say why this one stopped
+      abort_job("[cohort] rank " + std::to_string(rank) + ": error: " + failure, other_ranks::already_know);
+    if (std::chrono::steady_clock::now() > deadline)
+      abort_job("[cohort] rank " + std::to_string(rank) + ": error: " + failure + "\n[cohort] rank " + std::to_string(rank) +
+                ": the other ranks did not finish within " + std::to_string(timeout_ms) +
+                " ms of this rank's error (they are likely blocked in a collective it will not enter): aborting the job");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 }  // namespace detail
 
 }  // namespace cohort::comm
