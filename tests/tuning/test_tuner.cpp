@@ -168,6 +168,47 @@ TEST_CASE("ranks_per_trial splits the world into groups that each run one trial 
   CHECK(most <= n / per);
 }
 
+TEST_CASE("validator ranks under a tuner: each trial group's last rank validates that trial's checkpoints", "[tuning][mpi][validation]") {
+  // Catches: validators shared across trial groups (a checkpoint validated by another trial's
+  // rank, or never), and a trial's validators left waiting when its trial ends.
+  int const n = world_size();
+  if (n % 2 != 0) {
+    SUCCEED("groups of 2 (a trainer and a validator) need an even rank count (the case runs at 2 and 4 ranks)");
+    return;
+  }
+  auto const storage = cohort_test::scratch("tune_validators");
+  auto trainable = [](cohort::context& ctx, nlohmann::json const& config) {
+    int const x = static_cast<int>(config.at("x").get<double>());
+    for (int i = 1; i <= 2; ++i)
+      ctx.report({{"score", x * i}, {"trainers", ctx.world_size()}},
+                 cohort::checkpoint_payload{[x, i](std::filesystem::path const& dir, int) { std::ofstream(dir / "value") << x * i; }});
+  };
+  cohort::tuner tuner{trainable, cohort::tune_config{.metric = "score", .mode = cohort::max, .ranks_per_trial = 2, .status_interval_s = 1e9}};
+  cohort::run_config run{.name = "validated", .storage_path = storage.string(), .verbose = 0};
+  run.validators = {.ranks = 1, .validate = [](cohort::checkpoint const& c, cohort::validator_context&) {
+                      int value = 0;
+                      std::ifstream(c.path() / "value") >> value;
+                      return nlohmann::json{{"val", value * 10}, {"validator", world_rank()}};
+                    }};
+  auto grid = tuner.fit(cohort::space{{"x", cohort::grid_search({1.0, 2.0, 3.0})}}, run);
+  REQUIRE(grid.ok());
+  REQUIRE(grid.size() == 3);
+  CHECK(grid.best_result().config.at("x") == 3.0);
+  for (auto const& t : grid.trials) {
+    CHECK(t.status == "TERMINATED");
+    CHECK(t.metrics.at("trainers") == 1);  // the trial's functor ran on its group's first rank only
+    if (world_rank() != 0) continue;
+    int const x = static_cast<int>(t.config.at("x").get<double>());
+    for (int i = 1; i <= 2; ++i) {
+      std::ifstream in(t.path / cohort::checkpointing::dir_name(i) / "validation.json");
+      REQUIRE(in);
+      auto const v = nlohmann::json::parse(in);
+      CHECK(v.at("val") == x * i * 10);
+      CHECK(v.at("validator").get<int>() % 2 == 1);  // the second rank of some group
+    }
+  }
+}
+
 TEST_CASE("ASHA stops poor trials at its rungs and lets the best reach max_t", "[tuning][mpi]") {
   auto const storage = cohort_test::scratch("tune_asha");
   cohort::tuner tuner{quadratic{.iterations = 9, .sleep_ms = 0},
