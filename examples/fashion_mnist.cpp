@@ -29,6 +29,11 @@ int main(int argc, char** argv) {
   cohort::environment env{argc, argv};
   auto const flags = parse_fashion_flags(argc, argv);
   if (!flags) return 2;
+  if (flags->validator_ranks != 0) {
+    std::cerr << "--validator-ranks: this program validates inside its fit_loop on every rank; "
+                 "run fashion_mnist_manual for validator ranks\n";
+    return 2;
+  }
   config cfg{.epochs = flags->epochs};
   cohort::run_config run{.name = flags->name, .storage_path = flags->storage};
 

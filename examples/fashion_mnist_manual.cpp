@@ -1,7 +1,9 @@
 // Fashion-MNIST with the reference CNN, data-parallel over MPI ranks, the training loop written by
 // hand (examples/fashion_mnist.cpp is the same on cohort::fit_loop):
 //   mpirun -np 2 ./fashion_mnist_manual [--data DIR] [--epochs N] [--max-train N] [--storage DIR] [--name NAME] [--workers N]
-//     [--min-test-accuracy A]
+//     [--min-test-accuracy A] [--validator-ranks N]
+// With --validator-ranks N, start N more ranks (mpirun -np 3 ... --validator-ranks 1): they score each
+// checkpoint on the test set while the --workers ranks train.
 // Reports train loss, test accuracy and the share of time spent waiting for data each epoch; rank 0 prints the final metrics
 // as one JSON line, with the LibTorch version the program was built on ("libtorch").
 
@@ -47,14 +49,30 @@ int main(int argc, char** argv) {
   }
   train_set = first_n(train_set, cfg.max_train);
 
-  // Async validation (Ray's validate_fn): each committed checkpoint is scored on the whole test set
-  // by a background thread of rank 0 while training goes on; keep_best ranks checkpoints by it.
-  cohort::validate_fn validate = [&test_set](cohort::checkpoint const& ck) {
+  // Each committed checkpoint is scored on the whole test set while training goes on, and
+  // keep_best ranks checkpoints by it: by a background thread of rank 0 (Ray's validate_fn), or
+  // with --validator-ranks on ranks of their own, each scoring a slice (one all-reduce among them).
+  std::int64_t const test_size = test_set.inputs.size(0);
+  auto correct_in = [&test_set](cohort::checkpoint const& ck, std::int64_t lo, std::int64_t hi) {
     fashion_net net;
     cohort::load_checkpoint(ck, net);
-    auto const correct = count_correct(net, test_set, 0, test_set.inputs.size(0));
-    return nlohmann::json{{"val_test_accuracy", static_cast<double>(correct) / static_cast<double>(test_set.inputs.size(0))}};
+    return count_correct(net, test_set, lo, hi);
   };
+  auto accuracy_of = [test_size](std::int64_t correct) {
+    return nlohmann::json{{"val_test_accuracy", static_cast<double>(correct) / static_cast<double>(test_size)}};
+  };
+  cohort::validate_fn validate;
+  if (flags->validator_ranks == 0) {
+    validate = [=](cohort::checkpoint const& ck) { return accuracy_of(correct_in(ck, 0, test_size)); };
+  } else {
+    run.validators = {.ranks = flags->validator_ranks, .validate = [=](cohort::checkpoint const& ck, cohort::validator_context& v) {
+                        auto const per = (test_size + v.world_size() - 1) / v.world_size();
+                        auto const lo = std::min<std::int64_t>(test_size, per * v.world_rank());
+                        std::int64_t correct = correct_in(ck, lo, std::min<std::int64_t>(test_size, lo + per));
+                        v.comm().allreduce(&correct, 1, cohort::comm::reduce_op::sum);
+                        return accuracy_of(correct);
+                      }};
+  }
 
   auto train = [&test_set, &validate](cohort::context& ctx, config const& cfg) {
     torch::manual_seed(0);
@@ -104,6 +122,11 @@ int main(int argc, char** argv) {
   if (result.preempted) return cohort::exit_code_preempted;
   if (!result.ok()) return 1;
   if (below_accuracy_floor(result.metrics, flags->min_test_accuracy)) return 1;
+  if (result.best_checkpoints.empty() || !result.best_checkpoints.front().metrics.contains("val_test_accuracy")) {
+    std::cerr << ("[cohort] rank " + std::to_string(rank) + ": error: the best checkpoint has no val_test_accuracy: " +
+                  (result.best_checkpoints.empty() ? std::string("no checkpoint") : result.best_checkpoints.front().metrics.dump()) + "\n");
+    return 1;
+  }
   if (rank == 0) {
     auto final_metrics = result.metrics;
     final_metrics["run_path"] = result.path.string();

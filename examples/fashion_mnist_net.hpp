@@ -122,7 +122,7 @@ inline std::string const default_fashion_mnist_dir = "/usr/share/datasets/fashio
 /// The command line of the two Fashion-MNIST programs (fashion_mnist.cpp on fit_loop,
 /// fashion_mnist_manual.cpp by hand):
 ///   [--data DIR] [--epochs N] [--max-train N] [--storage DIR] [--name NAME] [--workers N]
-///   [--min-test-accuracy A]
+///   [--min-test-accuracy A] [--validator-ranks N] (fashion_mnist_manual only)
 struct fashion_flags {
   std::string data_dir = default_fashion_mnist_dir;
   int epochs = 4;
@@ -131,6 +131,7 @@ struct fashion_flags {
   std::string name{};                 ///< the run's name; a rerun of the same name resumes it
   int workers = 2;                    ///< the rank count mpirun must start
   double min_test_accuracy = 0;       ///< exit 1 when the final test accuracy is below it
+  int validator_ranks = 0;            ///< fashion_mnist_manual: the last N ranks validate checkpoints instead of training
 };
 
 /// Reads the flags above; nothing (after one line on stderr naming the flags) for an unknown
@@ -149,10 +150,11 @@ inline std::optional<fashion_flags> parse_fashion_flags(int argc, char** argv) {
       else if (flag == "--name") f.name = value;
       else if (flag == "--workers") f.workers = std::stoi(value);
       else if (flag == "--min-test-accuracy") f.min_test_accuracy = std::stod(value);
+      else if (flag == "--validator-ranks") f.validator_ranks = std::stoi(value);
       else throw std::invalid_argument("unknown");
     } catch (std::exception const&) {
       std::cerr << "bad flag " << flag << " (or its value): use --data DIR, --epochs N, --max-train N, --storage DIR, "
-                                          "--name NAME, --workers N or --min-test-accuracy A\n";
+                                          "--name NAME, --workers N, --min-test-accuracy A or --validator-ranks N\n";
       return std::nullopt;
     }
   }
