@@ -403,22 +403,21 @@ TEST_CASE("HyperBand through the tuner: trials pause at milestones, resume from 
 TEST_CASE("a trial group waiting for another group's long trial is not ended by the collective deadline", "[tuning][mpi]") {
   auto const storage = cohort_test::scratch("tune_wait");
   int const per = world_size() % 2 == 0 ? 2 : 1;  // groups of two ranks: the waiting rank is in a group collective
-  // Trial 0 is slow (1.5 s per report, 3 s in all); the other trials are fast and done long
-  // before it. The groups without work wait for the coordinator's "done" well past the 1 s
-  // deadline, which applies to the trials' collectives only.
+  // Trial 0 is slow (one report after 7 s); the other trials are fast and done long before it.
+  // The groups without work wait for the coordinator's "done" for more than twice the 3 s
+  // deadline, which applies to the trials' collectives only. (A 1 s deadline with two 1.5 s
+  // reports failed about once in 75 runs on a loaded 2-core machine: the slow trial's two ranks
+  // reached a report more than 1 s apart, a lag the deadline rightly ends.)
   struct slow_first {
     void operator()(cohort::context& ctx, nlohmann::json const& config) const {
-      int const ms = config.at("x").get<double>() == 0.0 ? 1500 : 5;
-      for (int i = 0; i < 2; ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-        ctx.report({{"score", config.at("x").get<double>()}});
-      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(config.at("x").get<double>() == 0.0 ? 7000 : 5));
+      ctx.report({{"score", config.at("x").get<double>()}});
     }
   };
   cohort::tuner tuner{slow_first{}, cohort::tune_config{.metric = "score", .mode = cohort::max, .ranks_per_trial = per,
                                                         .status_interval_s = 1e9}};
   auto grid = tuner.fit(cohort::space{{"x", cohort::grid_search({0.0, 1.0, 2.0})}},
-                        {.name = "wait", .storage_path = storage.string(), .verbose = 0, .collective_timeout_ms = 1000});
+                        {.name = "wait", .storage_path = storage.string(), .verbose = 0, .collective_timeout_ms = 3000});
   REQUIRE(grid.ok());
   CHECK(grid.size() == 3);
   for (auto const& t : grid.trials) CHECK(t.status == "TERMINATED");
