@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/checkpointing/checkpoint.hpp"
+#include "cohort/checkpointing/resume.hpp"
 #include "cohort/checkpointing/validators.hpp"
 #include "cohort/comm/any.hpp"
 #include "cohort/comm/collectives.hpp"
@@ -402,7 +403,7 @@ class trainer {
   opened_run open_run(run_config const& run, std::filesystem::path const& run_path, agreed_config<Param> const& setup,
                       detail::reporter& reports, detail::lockstep& steps, comm::any& control) const {
     auto err = setup.error;
-    std::string resume_text;  // rank 0
+    std::string resume_text = "{}";  // rank 0: nothing to resume from, unless found below
     if (!err && run.checkpoint_mode == checkpoint_mode::async) {
       try {
         reports.worker().warm_up();  // a thread: its failure is agreed on below
@@ -415,7 +416,8 @@ class trainer {
         // The console starts the worker's thread if async did not: agreed on below.
         reports.rows().open(run_path, nlohmann::json::parse(setup.text), setup.name,
                             {.console = run.verbose > 0, .tensorboard = run.tensorboard, .last_row_only = reports.under_tuner()});
-        resume_text = find_resume_point(run, run_path, reports).dump();
+        bool const fresh = reports.rows().directory().fresh() && run.resume_from_checkpoint.empty();  // a new run directory
+        if (!fresh) resume_text = cohort::checkpointing::resume_point(run_path, run.resume_from_checkpoint, reports.checkpoints()).dump();
       } catch (std::exception const& e) {
         err = e.what();
       }
@@ -585,7 +587,7 @@ class trainer {
     for (auto& row : nlohmann::json::parse(comm::broadcast_string(control, history))) out.metrics_history.push_back(std::move(row));
     if (!out.metrics_history.empty()) out.metrics = out.metrics_history.back();
     if (rank == 0) reports.checkpoints().finish_validation();
-    auto ckpts = nlohmann::json::parse(comm::broadcast_string(control, rank == 0 ? checkpoint_summary(reports).dump() : std::string{}));
+    auto ckpts = nlohmann::json::parse(comm::broadcast_string(control, rank == 0 ? cohort::checkpointing::summary(reports.checkpoints(), checkpointing()).dump() : std::string{}));
     for (auto const& c : ckpts["best"]) out.best_checkpoints.push_back({c["path"].template get<std::string>(), c["metrics"]});
     if (ckpts.contains("latest")) out.checkpoint = checkpoint_info{ckpts["latest"]["path"].template get<std::string>(), ckpts["latest"]["metrics"]};
     if (out.stopped) {
@@ -609,63 +611,6 @@ class trainer {
     // One write per line, so that lines from different ranks do not interleave.
     std::cerr << ("[cohort] rank " + std::to_string(rank) + ": error: " + message + "\n") << std::flush;
     out.error = message;
-    return out;
-  }
-
-  /// Rank 0, at setup: the checkpoint to resume from ({} on a fresh run), and the retained
-  /// checkpoints of earlier attempts for the retention policy. Checkpoints newer than the latest
-  /// good one that fail verification are moved aside (renamed *.corrupt), never deleted.
-  nlohmann::json find_resume_point(run_config const& run, std::filesystem::path const& run_path, detail::reporter& reports) const {
-    if (reports.rows().directory().fresh() && run.resume_from_checkpoint.empty()) return nlohmann::json::object();  // a new run directory
-    std::error_code ec;
-    std::filesystem::remove_all(run_path / ".staging", ec);  // staging left by a crashed attempt
-    std::filesystem::remove_all(run_path / ".trash", ec);    // dropped checkpoints not yet deleted
-    std::optional<cohort::checkpoint> from;
-    if (!run.resume_from_checkpoint.empty()) {
-      if (auto problem = cohort::checkpointing::verify(run.resume_from_checkpoint))
-        throw cohort::error("run_config.resume_from_checkpoint: " + *problem + ": name a committed checkpoint directory");
-      from = cohort::checkpoint::from_directory(run.resume_from_checkpoint);
-    } else {
-      from = cohort::checkpointing::latest_good(run_path, &std::cerr);
-    }
-    for (auto const& dir : cohort::checkpointing::committed(run_path)) {
-      if (cohort::checkpointing::verify(dir)) {
-        if (!from || dir.filename() > from->path().filename()) std::filesystem::rename(dir, dir.string() + ".corrupt", ec);
-        continue;
-      }
-      auto meta = cohort::checkpoint::from_directory(dir).metadata();
-      reports.checkpoints().restore({meta.value("training_iteration", std::size_t{0}), meta.value("metrics", nlohmann::json::object())});
-    }
-    if (!from) return nlohmann::json::object();
-    return {{"path", from->path().string()}, {"iteration", from->metadata().value("training_iteration", std::int64_t{0})}};
-  }
-
-  /// Rank 0, at the end: the latest checkpoint and the retained ones, best first when the policy
-  /// ranks by a metric, else newest first.
-  nlohmann::json checkpoint_summary(detail::reporter& reports) const {
-    auto entry = [&](cohort::checkpointing::record const& r) {
-      return nlohmann::json{{"path", reports.checkpoints().path_of(static_cast<std::int64_t>(r.iteration)).string()},
-                            {"metrics", r.metrics}};
-    };
-    nlohmann::json out{{"best", nlohmann::json::array()}};
-    auto const& retained = reports.checkpoints().records();
-    if (retained.empty()) return out;
-    out["latest"] = entry(retained.back());
-    auto order = retained;
-    std::reverse(order.begin(), order.end());
-    if constexpr (requires(checkpointing_type const& p) { p.metric; p.order; }) {
-      auto const& p = checkpointing();
-      auto score = [&](cohort::checkpointing::record const& r) {
-        return r.metrics.contains(p.metric) && r.metrics[p.metric].is_number() ? r.metrics[p.metric].template get<double>()
-                                                                              : std::numeric_limits<double>::quiet_NaN();
-      };
-      std::stable_sort(order.begin(), order.end(), [&](auto const& a, auto const& b) {
-        double sa = score(a), sb = score(b);
-        if (std::isnan(sa) || std::isnan(sb)) return !std::isnan(sa) && std::isnan(sb);
-        return p.order == cohort::order::min ? sa < sb : sa > sb;
-      });
-    }
-    for (auto const& r : order) out["best"].push_back(entry(r));
     return out;
   }
 
