@@ -261,7 +261,9 @@ class trainer {
     comm::any all(comm.split(0, comm.rank()));
     detail::set_comm_options(all, {.timeout_ms = timeout_ms, .name = "validators' setup"});
     int const rank = all.rank();
-    if (auto e = comm::agree_on_error(all, cohort::checkpointing::validator_problem(run.validators, all.size())))
+    int thread_level = 0;
+    MPI_Query_thread(&thread_level);
+    if (auto e = comm::agree_on_error(all, cohort::checkpointing::validator_problem(run.validators, all.size(), thread_level)))
       return fail(std::move(out), *e, rank);
     int const first_validator = all.size() - run.validators.ranks;
     bool const validating = rank >= first_validator;

@@ -179,4 +179,8 @@ TEST_CASE("validator_problem names the count and the fix", "[checkpointing][pure
         "run_config.validators.ranks = 3 with 3 ranks: give between 0 and 2 (at least one rank must train), or start more ranks");
   CHECK(cohort::checkpointing::validator_problem({.ranks = 1}, 2) ==
         "run_config.validators.ranks = 1 without a validate function: set run_config.validators.validate");
+  // rank 0 asks the validators from its validation thread, beside the training thread's collectives
+  CHECK(cohort::checkpointing::validator_problem({.ranks = 1, .validate = fn}, 2, MPI_THREAD_SERIALIZED) ==
+        "run_config.validators needs MPI initialised with MPI_THREAD_MULTIPLE: let cohort::environment initialise MPI");
+  CHECK_FALSE(cohort::checkpointing::validator_problem({}, 2, MPI_THREAD_SINGLE));  // no validators: no thread
 }

@@ -10,6 +10,8 @@
 /// sends the run's result, which the validators return. This header holds the knobs, what a
 /// validator sees, and that protocol; trainer.hpp composes them.
 
+#include <mpi.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -71,10 +73,14 @@ struct validator_options {
 
 namespace checkpointing {
 
-/// Pure: what is wrong with `options` for a communicator of `comm_size` ranks, as a one-line
-/// error naming the fix, or nothing.
-inline std::optional<std::string> validator_problem(validator_options const& options, int comm_size) {
+/// Pure: what is wrong with `options` for a communicator of `comm_size` ranks in a process whose
+/// MPI provides `mpi_thread_level` (rank 0 asks the validators from a thread of its own), as a
+/// one-line error naming the fix, or nothing.
+inline std::optional<std::string> validator_problem(validator_options const& options, int comm_size,
+                                                    int mpi_thread_level = MPI_THREAD_MULTIPLE) {
   if (options.ranks == 0) return std::nullopt;
+  if (mpi_thread_level < MPI_THREAD_MULTIPLE)
+    return "run_config.validators needs MPI initialised with MPI_THREAD_MULTIPLE: let cohort::environment initialise MPI";
   if (options.ranks < 0 || options.ranks >= comm_size)
     return "run_config.validators.ranks = " + std::to_string(options.ranks) + " with " + std::to_string(comm_size) +
            " ranks: give between 0 and " + std::to_string(comm_size - 1) + " (at least one rank must train), or start more ranks";
