@@ -20,14 +20,21 @@ enum class remainder {
 
 namespace detail {
 
-/// Pure: rank's part of `order`, `per_rank` entries, padded by wrapping around `order`.
-inline std::vector<std::size_t> take_block(std::vector<std::size_t> const& order, std::size_t per_rank,
-                                           int rank, bool interleave, int world) {
+/// How `deal` gives each rank its part of an order.
+enum class dealing {
+  blocks,       ///< rank r takes the r-th contiguous block
+  round_robin,  ///< rank r takes entries r, r + world, r + 2 world, ...
+};
+
+/// Pure: rank's part of `order` among `world` ranks, `per_rank` entries, padded by wrapping
+/// around `order`.
+inline std::vector<std::size_t> deal(std::vector<std::size_t> const& order, std::size_t per_rank, int rank, int world,
+                                     dealing how) {
   std::vector<std::size_t> out;
   out.reserve(per_rank);
   for (std::size_t i = 0; i < per_rank; ++i) {
-    std::size_t pos = interleave ? i * static_cast<std::size_t>(world) + static_cast<std::size_t>(rank)
-                                 : static_cast<std::size_t>(rank) * per_rank + i;
+    std::size_t pos = how == dealing::round_robin ? i * static_cast<std::size_t>(world) + static_cast<std::size_t>(rank)
+                                                  : static_cast<std::size_t>(rank) * per_rank + i;
     if (!order.empty()) out.push_back(order[pos % order.size()]);
   }
   return out;
@@ -51,7 +58,8 @@ struct contiguous {
   remainder on_remainder = remainder::pad;
 
   std::vector<std::size_t> indices(std::size_t size, int world, int rank, std::int64_t /*epoch*/) const {
-    return detail::take_block(detail::identity(size), detail::per_rank_count(size, world, on_remainder), rank, false, world);
+    return detail::deal(detail::identity(size), detail::per_rank_count(size, world, on_remainder), rank, world,
+                        detail::dealing::blocks);
   }
 };
 
@@ -61,7 +69,8 @@ struct interleaved {
   remainder on_remainder = remainder::pad;
 
   std::vector<std::size_t> indices(std::size_t size, int world, int rank, std::int64_t /*epoch*/) const {
-    return detail::take_block(detail::identity(size), detail::per_rank_count(size, world, on_remainder), rank, true, world);
+    return detail::deal(detail::identity(size), detail::per_rank_count(size, world, on_remainder), rank, world,
+                        detail::dealing::round_robin);
   }
 };
 
@@ -77,7 +86,7 @@ struct shuffled {
     // Fisher-Yates with our own index draw: std::shuffle's use of the engine is
     // implementation-defined, and the permutation must be the same on every platform.
     for (std::size_t i = size; i > 1; --i) std::swap(order[i - 1], order[gen() % i]);
-    return detail::take_block(order, detail::per_rank_count(size, world, on_remainder), rank, true, world);
+    return detail::deal(order, detail::per_rank_count(size, world, on_remainder), rank, world, detail::dealing::round_robin);
   }
 };
 
