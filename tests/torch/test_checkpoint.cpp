@@ -357,9 +357,10 @@ struct deferred_outcome {
 
 /// Trains a prepared model a few steps, reports an async checkpoint whose copy the writer starts
 /// late, then trains on as `then` says. On more than one rank checkpoint_of defers the parameter
-/// and optimizer copy to the writer. The writer starts its copy 300 ms after report(), or, with
-/// `copy_after_backward`, once the next backward has returned (at most 10 s: a backward that waits
-/// for the copy makes it wait that long); after an in-place change, once the change is made.
+/// and optimizer copy to the writer. The writer starts its copy once the next backward has returned
+/// or after a wait (3 s; with `copy_after_backward`, 10 s, and it records which came first): a
+/// backward that waits for the copy makes it wait that long. After an in-place change, it starts
+/// once the change is made.
 deferred_outcome train_with_slow_writer(std::string const& name, after_report then, bool report_before_step = false,
                                         bool copy_after_backward = false) {
   auto storage = cohort_test::scratch(name);
@@ -368,8 +369,8 @@ deferred_outcome train_with_slow_writer(std::string const& name, after_report th
   auto stage = std::make_shared<std::atomic<int>>(0);
   auto copy_began = std::make_shared<std::atomic<bool>>(false);
   auto saw_backward_end = std::make_shared<std::atomic<bool>>(false);
-  auto wait_for_stage = [stage](int s) {
-    auto const until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto wait_for_stage = [stage](int s, std::chrono::seconds limit = std::chrono::seconds(10)) {
+    auto const until = std::chrono::steady_clock::now() + limit;
     while (stage->load() < s && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return stage->load() >= s;
   };
@@ -394,7 +395,7 @@ deferred_outcome train_with_slow_writer(std::string const& name, after_report th
                  payload.finish_snapshot = [=] {
                    if (then == after_report::change_in_place) wait_for_stage(1);
                    else if (copy_after_backward) saw_backward_end->store(wait_for_stage(2));
-                   else std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                   else wait_for_stage(2, std::chrono::seconds(3));
                    copy_began->store(true);  // before: the copy's end lets the training thread go on
                    copy();
                  };
@@ -432,8 +433,9 @@ TEST_CASE("an async checkpoint of a prepared model is copied by the writer while
   REQUIRE(out.result.ok());
   if (cohort_test::world_rank() == 0) CHECK(holds_parameters(out.result, out.at_report));
   // On one rank there is no reducer to hold the step: report() copies at once. On more, the
-  // backward's end waited for the writer's copy, which began 300 ms after report() (a backward
-  // that did not wait ends long before; on a machine so loaded that it does not, this passes).
+  // backward's end waited for the writer's copy, which began only after 3 s without that backward
+  // ending. Catches a backward that does not wait for the deferred copy: it ends, the writer sees
+  // it and only then begins, so the copy had not begun at its end (whatever the machine's load).
   if (cohort_test::world_size() > 1 && cohort_test::world_rank() == 0) CHECK(out.copy_began_by_backward_end);
 }
 
