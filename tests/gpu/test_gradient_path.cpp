@@ -2,9 +2,10 @@
 // all-reduced on a side stream behind backward, the optimizer step ordered after them with no host
 // synchronisation. Each rank on its own GPU (tests/gpu/gpu_main.cpp makes it the current device),
 // every rank on the same data: the average of equal gradients is the gradient itself, so the
-// results must equal a model without the path, bit for bit, at 1 rank and at 2; the multi-rank
-// arithmetic of the same reducer on different data is tested on CPU over MPI
-// (tests/torch/test_prepare_model.cpp). Then what a one-GPU user runs: prepare_model on
+// results must equal a model without the path, bit for bit, at 1 rank and at 2. Then a loss
+// scaled by rank + 1, whose average over N ranks is the gradient times (N + 1) / 2: at 2 ranks a
+// path that does not all-reduce keeps each rank's own (the multi-rank arithmetic of the same
+// reducer on other data is tested on CPU over MPI, tests/torch/test_prepare_model.cpp). Then what a one-GPU user runs: prepare_model on
 // scaling::cuda, float16 autocast with grad_scaler, and fit_loop (pinned batches copied to the GPU)
 // against the same loop on the CPU.
 #include <cohort/cohort.hpp>
@@ -73,6 +74,17 @@ TEST_CASE("the NCCL gradient path averages bucketed gradients on the GPU and ord
       CHECK(torch::equal(net.parameters()[i], plain.parameters()[i]));
       CHECK(net.parameters()[i].grad().is_cuda());
     }
+    // Different gradients on each rank. Catches (at 2 ranks) an all-reduce that is a no-op or
+    // sums without averaging: rank r would hold (r + 1) g, or 3 g, instead of 1.5 g.
+    auto x = torch::randn({32, 64}, torch::kCUDA);
+    auto y = torch::randint(0, 10, {32}, torch::TensorOptions(torch::kCUDA).dtype(torch::kLong));
+    for (auto& p : net.parameters()) p.mutable_grad() = torch::Tensor();
+    for (auto& p : plain.parameters()) p.mutable_grad() = torch::Tensor();
+    (torch::nn::functional::cross_entropy(net.forward(x), y) * (c.rank() + 1)).backward();
+    torch::nn::functional::cross_entropy(plain.forward(x), y).backward();
+    double const mean_factor = (c.size() + 1) / 2.0;
+    for (std::size_t i = 0; i < net.parameters().size(); ++i)
+      CHECK(torch::allclose(net.parameters()[i].grad(), plain.parameters()[i].grad() * mean_factor, 1e-5, 1e-7));
   }
   // bfloat16 compression: the gradients, rounded to bfloat16 on the way (one rank: the average
   // of one), so after one step each parameter moved by -lr * bf16(grad) exactly.
