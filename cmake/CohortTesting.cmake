@@ -1,6 +1,9 @@
-# cohort_add_mpi_test(<name> <target> RANKS <n>... [ARGS <arg>...])
-# Registers <name>.<n>ranks for each rank count, run through MPIEXEC_EXECUTABLE with
-# MPIEXEC_NUMPROC_FLAG and MPIEXEC_PREFLAGS; --oversubscribe is added for Open MPI only.
+# cohort_add_mpi_test(<name> <target> [RANKS <n>...] [ARGS <arg>...] [LABELS <label>...]
+#                     [LAUNCHER <command>...])
+# Registers <name>.<n>ranks for each rank count (1-4 by default), run through MPIEXEC_EXECUTABLE with
+# MPIEXEC_NUMPROC_FLAG and MPIEXEC_PREFLAGS; --oversubscribe is added for Open MPI only. Each test
+# claims its rank count of PROCESSORS and has 180 s. With LAUNCHER, ctest runs that command with the
+# whole mpirun line as its last arguments, and the command decides the outcome (tests/expect.sh).
 # Running as root (CI containers) is allowed through Open MPI's environment variables here, never
 # inside the library.
 # COHORT_MPI_OVERSUBSCRIBE: --oversubscribe for Open MPI (more ranks than cores in tests), else empty.
@@ -13,14 +16,14 @@ endif()
 set(COHORT_MPI_TEST_ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
 
 function(cohort_add_mpi_test name target)
-  cmake_parse_arguments(arg "" "" "RANKS;ARGS;LABELS" ${ARGN})
+  cmake_parse_arguments(arg "" "" "RANKS;ARGS;LABELS;LAUNCHER" ${ARGN})
   if(NOT arg_RANKS)
     set(arg_RANKS 1 2 3 4)
   endif()
   set(extra ${COHORT_MPI_OVERSUBSCRIBE})
   foreach(n IN LISTS arg_RANKS)
     add_test(NAME ${name}.${n}ranks
-             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${extra} ${MPIEXEC_PREFLAGS}
+             COMMAND ${arg_LAUNCHER} ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${extra} ${MPIEXEC_PREFLAGS}
                      $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS} ${arg_ARGS})
     set_tests_properties(${name}.${n}ranks PROPERTIES
       ENVIRONMENT "${COHORT_MPI_TEST_ENVIRONMENT}"
