@@ -42,6 +42,17 @@ void train(mlp& net, int steps) {
   }
 }
 
+/// One backward of a fresh CUDA batch through `net` and `plain`, their gradients cleared first;
+/// `net`'s loss multiplied by `net_loss_factor`.
+void backward_fresh_batch(mlp& net, mlp& plain, double net_loss_factor) {
+  auto x = torch::randn({32, 64}, torch::kCUDA);
+  auto y = torch::randint(0, 10, {32}, torch::TensorOptions(torch::kCUDA).dtype(torch::kLong));
+  for (auto* m : {&net, &plain})
+    for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
+  (torch::nn::functional::cross_entropy(net.forward(x), y) * net_loss_factor).backward();
+  torch::nn::functional::cross_entropy(plain.forward(x), y).backward();
+}
+
 /// This rank's CUDA device (gpu_main.cpp set it).
 int current_device() {
   int d = 0;
@@ -76,12 +87,7 @@ TEST_CASE("the NCCL gradient path averages bucketed gradients on the GPU and ord
     }
     // Different gradients on each rank. Catches (at 2 ranks) an all-reduce that is a no-op or
     // sums without averaging: rank r would hold (r + 1) g, or 3 g, instead of 1.5 g.
-    auto x = torch::randn({32, 64}, torch::kCUDA);
-    auto y = torch::randint(0, 10, {32}, torch::TensorOptions(torch::kCUDA).dtype(torch::kLong));
-    for (auto& p : net.parameters()) p.mutable_grad() = torch::Tensor();
-    for (auto& p : plain.parameters()) p.mutable_grad() = torch::Tensor();
-    (torch::nn::functional::cross_entropy(net.forward(x), y) * (c.rank() + 1)).backward();
-    torch::nn::functional::cross_entropy(plain.forward(x), y).backward();
+    backward_fresh_batch(net, plain, c.rank() + 1);
     double const mean_factor = (c.size() + 1) / 2.0;
     for (std::size_t i = 0; i < net.parameters().size(); ++i)
       CHECK(torch::allclose(net.parameters()[i].grad(), plain.parameters()[i].grad() * mean_factor, 1e-5, 1e-7));
@@ -91,12 +97,7 @@ TEST_CASE("the NCCL gradient path averages bucketed gradients on the GPU and ord
   options.compression = cohort::gradient_compression::bfloat16;
   cohort::detail::gradient_reducer reducer(c, net.parameters(), options, cohort::reduce_on::training_thread,
                                            cohort::detail::make_device_buckets(c, current_device(), 60'000));
-  auto x = torch::randn({32, 64}, torch::kCUDA);
-  auto y = torch::randint(0, 10, {32}, torch::TensorOptions(torch::kCUDA).dtype(torch::kLong));
-  for (auto& p : net.parameters()) p.mutable_grad() = torch::Tensor();
-  for (auto& p : plain.parameters()) p.mutable_grad() = torch::Tensor();
-  torch::nn::functional::cross_entropy(net.forward(x), y).backward();
-  torch::nn::functional::cross_entropy(plain.forward(x), y).backward();
+  backward_fresh_batch(net, plain, 1.0);
   for (std::size_t i = 0; i < net.parameters().size(); ++i) {
     auto const ref = plain.parameters()[i].grad();
     CHECK(torch::equal(net.parameters()[i].grad(), ref.to(torch::kBFloat16).to(torch::kFloat)));
