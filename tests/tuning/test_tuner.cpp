@@ -209,6 +209,23 @@ TEST_CASE("validator ranks under a tuner: each trial group's last rank validates
   }
 }
 
+TEST_CASE("validator ranks that leave a trial no rank to train: one error on every rank before any trial", "[tuning][mpi][validation][bad-input]") {
+  // Catches: the check left to each trial (every trial failing in turn on a count of its group's
+  // ranks that does not name ranks_per_trial), or missing (a group whose every rank validates,
+  // waiting for checkpoints no trainer sends).
+  auto const storage = cohort_test::scratch("tune_validators_only");
+  cohort::tuner tuner{quadratic{.iterations = 1, .sleep_ms = 0},
+                      cohort::tune_config{.metric = "score", .num_samples = 2, .status_interval_s = 1e9}};
+  cohort::run_config run{.name = "no_trainer", .storage_path = storage.string(), .verbose = 0};
+  run.validators = {.ranks = 1, .validate = [](cohort::checkpoint const&, cohort::validator_context&) { return nlohmann::json::object(); }};
+  auto grid = tuner.fit(cohort::space{{"x", 1.0}, {"y", 1.0}}, run);
+  REQUIRE_FALSE(grid.ok());
+  CHECK_THAT(*grid.error, contains_text("each trial's group of tune_config.ranks_per_trial = 1 ranks: "
+                                        "run_config.validators.ranks = 1 with 1 ranks: give between 0 and 0"));
+  CHECK(grid.size() == 0);
+  CHECK_FALSE(std::filesystem::exists(storage / "no_trainer"));  // no trial started, no experiment directory
+}
+
 TEST_CASE("ASHA stops poor trials at its rungs and lets the best reach max_t", "[tuning][mpi]") {
   auto const storage = cohort_test::scratch("tune_asha");
   cohort::tuner tuner{quadratic{.iterations = 9, .sleep_ms = 0},

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cohort/checkpointing/validators.hpp"
 #include "cohort/comm/collectives.hpp"
 #include "cohort/comm/mpi.hpp"
 #include "cohort/detail/thread_start.hpp"
@@ -134,7 +135,7 @@ class tuner {
     int const timeout_ms = std::max(run.collective_timeout_ms, 0);
     comm::mpi world(comm, comm::ownership::owned, {.timeout_ms = timeout_ms, .name = "tuner"});
     int const rank = world.rank();
-    if (auto err = job_error(world.size())) return fail(std::move(out), *err, rank);
+    if (auto err = job_error(world.size(), run)) return fail(std::move(out), *err, rank);
 
     auto name = comm::broadcast_string(world, run.name.empty() ? "tune_" + cohort::detail::utc_stamp() : run.name);
     auto exp = std::filesystem::path(run.storage_path) / name;
@@ -159,8 +160,9 @@ class tuner {
   using coordinator_type = tuning::detail::coordinator<searcher_type, scheduler_type, stoppers_type>;
 
   /// What makes the job unfit for an experiment, the same on every rank: MPI without threads,
-  /// ranks_per_trial that does not divide the ranks, no samples.
-  std::optional<std::string> job_error(int size) const {
+  /// ranks_per_trial that does not divide the ranks, validator ranks that leave a trial no rank to
+  /// train (run_config::validators, within each trial's group), no samples.
+  std::optional<std::string> job_error(int size, run_config const& run) const {
     int provided = 0;
     MPI_Query_thread(&provided);
     int const per = config_.ranks_per_trial;
@@ -170,6 +172,8 @@ class tuner {
       return "tune_config.ranks_per_trial = " + std::to_string(per) + " does not divide the " + std::to_string(size) +
              " ranks of the job: launch with a multiple of it (mpirun -np " + std::to_string(std::max(per, 1)) + ", " +
              std::to_string(2 * std::max(per, 1)) + ", ...) or change ranks_per_trial";
+    if (auto e = cohort::checkpointing::validator_problem(run.validators, per, provided))
+      return "each trial's group of tune_config.ranks_per_trial = " + std::to_string(per) + " ranks: " + *e;
     if (config_.num_samples == 0) return "tune_config.num_samples = 0: set it to at least 1";
     return std::nullopt;
   }
