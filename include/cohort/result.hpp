@@ -18,6 +18,11 @@ struct checkpoint_info {
   nlohmann::json metrics{};    ///< metrics of the report that carried it
 };
 
+/// checkpoint_info as JSON, {"path", "metrics"}: the entries of checkpointing::summary and of the
+/// result the trainers send the validator ranks.
+inline void to_json(nlohmann::json& j, checkpoint_info const& c) { j = {{"path", c.path.string()}, {"metrics", c.metrics}}; }
+inline void from_json(nlohmann::json const& j, checkpoint_info& c) { c = {j.at("path").get<std::string>(), j.at("metrics")}; }
+
 namespace detail {
 struct no_return {};
 }  // namespace detail
@@ -50,22 +55,17 @@ namespace detail {
 /// ranks (run_config::validators) at the end of fit().
 template <class Return>
 nlohmann::json result_to_json(result<Return> const& r) {
-  auto info = [](checkpoint_info const& c) { return nlohmann::json{{"path", c.path.string()}, {"metrics", c.metrics}}; };
   nlohmann::json j{{"metrics", r.metrics}, {"metrics_history", r.metrics_history}, {"path", r.path.string()},
-                   {"preempted", r.preempted}, {"best_checkpoints", nlohmann::json::array()}};
+                   {"preempted", r.preempted}, {"best_checkpoints", r.best_checkpoints}};
   if (r.error) j["error"] = *r.error;
   if (r.stopped) j["stopped"] = *r.stopped;
-  if (r.checkpoint) j["checkpoint"] = info(*r.checkpoint);
-  for (auto const& c : r.best_checkpoints) j["best_checkpoints"].push_back(info(c));
+  if (r.checkpoint) j["checkpoint"] = *r.checkpoint;
   return j;
 }
 
 /// The inverse of result_to_json; return_values stay empty.
 template <class Return>
 result<Return> result_from_json(nlohmann::json const& j) {
-  auto info = [](nlohmann::json const& c) {
-    return checkpoint_info{c["path"].get<std::string>(), c["metrics"]};
-  };
   result<Return> r;
   r.metrics = j["metrics"];
   for (auto const& row : j["metrics_history"]) r.metrics_history.push_back(row);
@@ -73,8 +73,8 @@ result<Return> result_from_json(nlohmann::json const& j) {
   r.preempted = j["preempted"].get<bool>();
   if (j.contains("error")) r.error = j["error"].get<std::string>();
   if (j.contains("stopped")) r.stopped = j["stopped"].get<std::string>();
-  if (j.contains("checkpoint")) r.checkpoint = info(j["checkpoint"]);
-  for (auto const& c : j["best_checkpoints"]) r.best_checkpoints.push_back(info(c));
+  if (j.contains("checkpoint")) r.checkpoint = j["checkpoint"].get<checkpoint_info>();
+  r.best_checkpoints = j["best_checkpoints"].get<std::vector<checkpoint_info>>();
   return r;
 }
 

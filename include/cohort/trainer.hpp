@@ -301,7 +301,7 @@ class trainer {
     static_assert(takes_config || std::is_invocable_v<Fn&, context&>,
                   "cohort::trainer: the functor must be callable as fn(cohort::context&, Config const&) "
                   "or fn(cohort::context&)");
-    using return_type = decltype(invoke_fn(std::declval<context&>(), std::declval<param_type const&>()));
+    using return_type = return_of<Config>;
     result<return_type> out;
 
     int const timeout_ms = std::max(run.collective_timeout_ms, 0);  // 0: no deadline
@@ -590,8 +590,8 @@ class trainer {
     if (!out.metrics_history.empty()) out.metrics = out.metrics_history.back();
     if (rank == 0) reports.checkpoints().finish_validation();
     auto ckpts = nlohmann::json::parse(comm::broadcast_string(control, rank == 0 ? cohort::checkpointing::summary(reports.checkpoints(), checkpointing()).dump() : std::string{}));
-    for (auto const& c : ckpts["best"]) out.best_checkpoints.push_back({c["path"].template get<std::string>(), c["metrics"]});
-    if (ckpts.contains("latest")) out.checkpoint = checkpoint_info{ckpts["latest"]["path"].template get<std::string>(), ckpts["latest"]["metrics"]};
+    out.best_checkpoints = ckpts["best"].template get<std::vector<checkpoint_info>>();
+    if (ckpts.contains("latest")) out.checkpoint = ckpts["latest"].template get<checkpoint_info>();
     if (out.stopped) {
       // Ended by the tuner on every rank at the same report: the functor returned nothing.
     } else if constexpr (std::is_void_v<Return>) {
