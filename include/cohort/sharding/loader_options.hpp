@@ -12,8 +12,12 @@ namespace cohort {
 /// Knobs of a loader; none of them changes which samples a rank sees or in which order.
 struct loader_options {
   std::int64_t batch_size = 32;      ///< samples per batch on each rank
-  std::size_t prefetch_batches = 2;  ///< batches made ahead by a background thread (0: none)
-  bool drop_last = true;             ///< drop the last partial batch of an epoch
+  std::size_t prefetch_batches = 2;  ///< batches made ahead by background threads (0 with no workers: none)
+  /// Threads that make batches in parallel (decode a shard dataset's samples, gather a tensor
+  /// dataset's rows); 0: one thread when prefetch_batches > 0. Batches come out in order whatever
+  /// the threads' timing; at most max(prefetch_batches, num_workers) are made ahead.
+  std::size_t num_workers = 0;
+  bool drop_last = true;  ///< drop the last partial batch of an epoch
 };
 
 /// A loader's position: the next batch handed out is batch `position` of epoch `epoch`. `seed` is

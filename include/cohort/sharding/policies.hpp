@@ -46,6 +46,16 @@ inline std::vector<std::size_t> identity(std::size_t size) {
   return order;
 }
 
+/// Pure: a permutation of [0, size) drawn from (seed, epoch), the same on every platform:
+/// Fisher-Yates with its own index draw over std::mt19937_64 (std::shuffle's use of the engine is
+/// implementation-defined).
+inline std::vector<std::size_t> permutation(std::size_t size, std::uint64_t seed, std::int64_t epoch) {
+  auto order = identity(size);
+  std::mt19937_64 gen(seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(epoch));
+  for (std::size_t i = size; i > 1; --i) std::swap(order[i - 1], order[gen() % i]);
+  return order;
+}
+
 inline std::size_t per_rank_count(std::size_t size, int world, remainder r) {
   auto w = static_cast<std::size_t>(world);
   return r == remainder::pad ? (size + w - 1) / w : size / w;
@@ -81,12 +91,7 @@ struct shuffled {
   remainder on_remainder = remainder::pad;
 
   std::vector<std::size_t> indices(std::size_t size, int world, int rank, std::int64_t epoch) const {
-    auto order = detail::identity(size);
-    std::mt19937_64 gen(seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(epoch));
-    // Fisher-Yates with our own index draw: std::shuffle's use of the engine is
-    // implementation-defined, and the permutation must be the same on every platform.
-    for (std::size_t i = size; i > 1; --i) std::swap(order[i - 1], order[gen() % i]);
-    return detail::deal(order, detail::per_rank_count(size, world, on_remainder), rank, world, detail::dealing::round_robin);
+    return detail::deal(detail::permutation(size, seed, epoch), detail::per_rank_count(size, world, on_remainder), rank, world, detail::dealing::round_robin);
   }
 };
 

@@ -48,6 +48,7 @@ struct fit_options {
   std::int64_t batch_size = 32;               ///< training samples per batch on each rank
   std::int64_t epochs = 1;                    ///< epochs in all (a resumed run trains the rest)
   std::size_t prefetch_batches = 2;           ///< batches made ahead by a background thread (0: none)
+  std::size_t num_workers = 0;                ///< threads making (decoding) training batches in parallel (loader_options)
   std::string train = "train";                ///< the trainer's dataset to train on (cohort::datasets)
   std::string validation{};                   ///< the trainer's dataset to validate on (empty: no validation)
   std::string validation_prefix = "val";      ///< validation metrics are <prefix>_loss and <prefix>_accuracy
@@ -138,8 +139,9 @@ template <class D>
 struct validation_data_part {
   D dataset;
 };
-/// A fit_loop part: train on `d` (a torch::data dataset or a cohort::tensor_dataset), sharded by
-/// the trainer's policy, instead of the trainer's dataset fit_options::train.
+/// A fit_loop part: train on `d` (a torch::data dataset or a cohort::tensor_dataset, sharded by
+/// the trainer's policy, or a cohort::shard_dataset, dealt by its own) instead of the trainer's
+/// dataset fit_options::train.
 template <class D>
 train_data_part<D> train_data(D d) {
   return {std::move(d)};
@@ -218,17 +220,22 @@ void for_each_slice_batch(Source const& source, std::int64_t lo, std::int64_t hi
   }
 }
 
-/// The trainer's tensor_dataset `name`, or a cohort::error naming the datasets it has.
-inline tensor_dataset const& named_dataset(context& ctx, std::string const& name, char const* knob) {
+/// The trainer's dataset `name`, or a cohort::error naming the datasets it has.
+inline std::any const& find_dataset(context& ctx, std::string const& name, char const* knob) {
   auto const* ds = ctx.dataset(name);
   if (!ds)
     throw cohort::error(std::string("fit_loop: fit_options.") + knob + " names no dataset '" + name + "': the trainer has " +
                         ctx.dataset_names() + ": pass it with cohort::datasets{{\"" + name + "\", ...}}");
-  auto const* tensors = std::any_cast<tensor_dataset>(ds);
+  return *ds;
+}
+
+/// The trainer's tensor_dataset `name` (validation reads slices of it), or a cohort::error.
+inline tensor_dataset const& named_dataset(context& ctx, std::string const& name, char const* knob) {
+  auto const* tensors = std::any_cast<tensor_dataset>(&find_dataset(ctx, name, knob));
   if (!tensors)
-    throw cohort::error(std::string("fit_loop: dataset '") + name +
-                        "' is not a cohort::tensor_dataset: pass other datasets with cohort::" +
-                        (std::string(knob) == "train" ? "train_data" : "validation_data") + "(...)");
+    throw cohort::error(std::string("fit_loop: dataset '") + name + "' is not a cohort::tensor_dataset (validation reads "
+                        "each rank's slice of it by index, which a stream such as a shard dataset cannot give): pass "
+                        "other datasets with cohort::validation_data(...), or load the validation set into memory");
   return *tensors;
 }
 
@@ -289,7 +296,8 @@ class fit_loop {
     optimizer_type optimizer = detail::call_with_config(make_optimizer_, model->parameters(), config);
     Loss loss = loss_;
     state_type state{ctx, model, optimizer, loss, options, 0};
-    loader_options const lo{.batch_size = options.batch_size, .prefetch_batches = options.prefetch_batches};
+    loader_options const lo{.batch_size = options.batch_size, .prefetch_batches = options.prefetch_batches,
+                            .num_workers = options.num_workers};
     with_train_loader(ctx, lo, options, [&](auto& loader) { run(ctx, state, loader); });
   }
 
@@ -322,12 +330,15 @@ class fit_loop {
       if constexpr (std::is_same_v<D, tensor_dataset>) {
         data_loader<tensor_dataset> loader(d, ctx.sharding(), lo, ctx.device(), ctx.sharding_seed());
         f(loader);
+      } else if constexpr (requires { d.as_stream(); }) {  // a cohort::shard_dataset
+        auto loader = stream_loader(ctx, d.as_stream(), lo);
+        f(loader);
       } else {
         auto loader = prepare_data_loader(ctx, d, lo);
         f(loader);
       }
     } else {
-      detail::named_dataset(ctx, options.train, "train");  // a clear error before any loader is made
+      detail::find_dataset(ctx, options.train, "train");  // a clear error before any loader is made
       f(ctx.dataset_shard(options.train, lo));
     }
   }
@@ -346,9 +357,14 @@ class fit_loop {
       state.epoch = loader.state().epoch;
       state.model->train();
       step_metrics train;
+      auto const skipped_before = loader.stats().skipped_samples;
       for (auto& b : loader.epoch()) add(train, train_step(state, b));
       nlohmann::json metrics{{"epoch", state.epoch}};
       put(ctx, metrics, "train", train, options.accuracy);
+      // Bad samples a shard dataset left out (on_bad_sample = skip), the whole job's: reported when any.
+      double skipped = static_cast<double>(loader.stats().skipped_samples - skipped_before);
+      ctx.comm().allreduce(&skipped, 1, comm::reduce_op::sum);
+      if (skipped > 0) metrics["train_skipped_samples"] = skipped;
       if (has_validation(options)) put(ctx, metrics, options.validation_prefix, validate(ctx, state), options.accuracy);
       bool const stop = end_of_epoch(ctx, metrics);
       step_scheduler(scheduler);
