@@ -4,6 +4,7 @@
 #include <cohort/data/tar_shard.hpp>
 
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -138,4 +139,45 @@ TEST_CASE("JPEG images encode and decode, and a corrupt one is an error", "[data
   CHECK_THROWS_WITH(cohort::data::decode_jpeg_into(broken, size, out.data()), contains_text("corrupt JPEG"));
   CHECK_THROWS_WITH(cohort::data::jpeg_header(bytes_of("not an image")), contains_text("not a JPEG"));
   CHECK_THROWS_WITH(cohort::data::jpeg_header(jpg, {.channels = 1, .max_pixels = 100}), contains_text("28x28 pixels"));
+}
+
+// Hidden ([.]): run by ctest's data.webdataset_interop, which makes a venv with PyPI's webdataset
+// and names its python in COHORT_TEST_PYTHON.
+TEST_CASE("webdataset's shards read in cohort, and cohort's in webdataset", "[.][webdataset]") {
+  char const* python = std::getenv("COHORT_TEST_PYTHON");
+  REQUIRE(python);
+  auto dir = rank_dir("shards_webdataset");
+  auto const py = [&](std::string const& code) {
+    auto cmd = std::string(python) + " -c \"" + code + "\" " + dir.string();
+    return std::system(cmd.c_str());
+  };
+  // webdataset writes 20 samples in shards of 7; cohort counts and reads them.
+  REQUIRE(py("import sys, webdataset as wds\n"
+             "with wds.ShardWriter(sys.argv[1] + '/py-%06d.tar', maxcount=7, verbose=0) as w:\n"
+             "    [w.write({'__key__': '%06d' % i, 'txt': 'sample %d' % i, 'cls': i % 10}) for i in range(20)]\n"
+             "print('webdataset wrote 20 samples')") == 0);
+  auto set = cohort::data::shard_set::from_glob((dir / "py-*.tar").string());
+  CHECK(set.samples_per_shard() == std::vector<std::size_t>{7, 7, 6});
+  std::size_t i = 0;
+  for (auto const& s : set.shards) {
+    cohort::data::tar_shard t(s.path);
+    while (auto smp = t.next()) {
+      char key[24];
+      std::snprintf(key, sizeof key, "%06zu", i);
+      CHECK(smp->key == key);
+      CHECK(smp->text("txt") == "sample " + std::to_string(i));
+      CHECK(smp->text("cls") == std::to_string(i % 10));
+      ++i;
+    }
+  }
+  CHECK(i == 20);
+  // cohort writes 25 samples in shards of 10; webdataset reads them in order.
+  write_samples(dir, 25, 10);
+  CHECK(py("import sys, glob, webdataset as wds\n"
+           "n = 0\n"
+           "for i, s in enumerate(wds.WebDataset(sorted(glob.glob(sys.argv[1] + '/train-*.tar')), shardshuffle=False)):\n"
+           "    assert s['__key__'] == '%06d' % i and s['txt'] == b'sample %d' % i and s['cls'] == b'%d' % (i % 10), s\n"
+           "    n += 1\n"
+           "assert n == 25, n\n"
+           "print('webdataset read', n, 'samples')") == 0);
 }

@@ -30,7 +30,8 @@ struct shard_writer_options {
 };
 
 /// Writes samples into numbered tar shards in `dir`, each shard written to a temporary name and
-/// renamed when complete, and `dir`/index.json (every shard's sample count and size) at close().
+/// renamed when complete, and `dir`/index.json (every shard's sample count and size, beside the
+/// entries of other shards it already listed) at close().
 /// A sample's members are `<key>.<ext>` in the order given. Move-only; one thread.
 class shard_writer {
  public:
@@ -76,7 +77,16 @@ class shard_writer {
   /// Finishes the last shard and writes the index. Returns the shards written.
   shard_set close() {
     if (a_) close_shard();
-    std::map<std::string, shard_info> entries;
+    std::map<std::string, shard_info> entries;  // other shards the index lists stay listed
+    try {
+      auto const old = detail::read_index(dir_ / shard_index_name);
+      if (old.contains("shards"))
+        for (auto const& e : old["shards"])
+          entries[e.at("name").get<std::string>()] = {dir_ / e.at("name").get<std::string>(), e.at("samples").get<std::size_t>(),
+                                                       e.at("bytes").get<std::uintmax_t>()};
+    } catch (std::exception const&) {  // no index, or one not worth keeping: this one replaces it
+      entries.clear();
+    }
     for (auto const& s : written_.shards) entries[s.path.filename().string()] = s;
     if (!detail::write_index(dir_, entries)) throw cohort::error((dir_ / shard_index_name).string() + ": cannot write the index");
     return written_;

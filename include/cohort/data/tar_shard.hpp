@@ -11,6 +11,7 @@
 #include <archive.h>
 #include <archive_entry.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -79,6 +80,7 @@ class tar_shard {
     archive_read_support_format_tar(a_.get());
     archive_read_support_filter_gzip(a_.get());
     if (archive_read_open_filename(a_.get(), path_.c_str(), 1 << 16) != ARCHIVE_OK) fail("cannot open");
+    file_bytes_ = static_cast<std::int64_t>(std::filesystem::file_size(path_));
   }
 
   std::filesystem::path const& path() const { return path_; }
@@ -114,9 +116,12 @@ class tar_shard {
   }
 
   std::vector<std::byte> read_member() {
-    if (size_ < 0 || size_ > max_member_bytes_)
+    // An uncompressed shard cannot hold a member larger than itself: a corrupt header is refused
+    // before it makes us allocate.
+    auto const limit = archive_filter_code(a_.get(), 0) == ARCHIVE_FILTER_NONE ? std::min(max_member_bytes_, file_bytes_) : max_member_bytes_;
+    if (size_ < 0 || size_ > limit)
       throw cohort::error(path_.string() + ": member '" + last_name_ + "' has a size of " + std::to_string(size_) +
-                          " bytes, outside 0.." + std::to_string(max_member_bytes_) + ": the shard is corrupt");
+                          " bytes, outside 0.." + std::to_string(limit) + ": the shard is corrupt");
     std::vector<std::byte> bytes(static_cast<std::size_t>(size_));
     std::size_t got = 0;
     while (got < bytes.size()) {
@@ -158,6 +163,7 @@ class tar_shard {
 
   std::filesystem::path path_;
   std::int64_t max_member_bytes_;
+  std::int64_t file_bytes_ = 0;
   std::unique_ptr<archive, int (*)(archive*)> a_;
   bool pending_ = false;
   bool at_end_ = false;
