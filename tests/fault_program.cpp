@@ -6,7 +6,12 @@
 // --min-workers N runs elastic (scaling::cpu{.min_workers = N}); --step-ms slows each step down;
 // --timeout-ms sets run_config::collective_timeout_ms; --report-at-batch N reports (and
 // checkpoints) after batch N of each epoch instead of at its end, so a resume is mid-epoch.
+// --shards DIR trains on the same kind of samples (60 of them) from WebDataset tar shards that rank
+// 0 writes into DIR when it has none, dealt by sharding::shards with a shuffle buffer, on 2 decode
+// threads: a resume must then restore the shard order, the place in each shard and the buffer.
 #include <cohort/cohort.hpp>
+#include <cohort/data/shard_writer.hpp>
+#include <cohort/torch/shard_dataset.hpp>
 
 #include "small_net.hpp"
 
@@ -15,6 +20,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <thread>
 
@@ -22,11 +28,39 @@ namespace {
 
 using net = cohort_test::small_net;
 
+/// 60 samples x -> sin(sum x) as tar shards of 8 in `dir` ("x": 3 floats, "y": 1 float), written
+/// by rank 0 unless there already; then a dataset of them.
+cohort::shard_dataset sample_shards(std::filesystem::path const& dir) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0 && !std::filesystem::exists(dir / "index.json")) {
+    auto x = torch::linspace(-1, 1, 180).reshape({60, 3}).contiguous();
+    auto y = x.sum(1).sin().contiguous();
+    cohort::data::shard_writer w(dir, {.prefix = "samples", .samples_per_shard = 8});
+    for (std::int64_t i = 0; i < 60; ++i)
+      w.write("s" + std::to_string(100 + i), {{"x", std::as_bytes(std::span(x.data_ptr<float>() + 3 * i, 3))},
+                                              {"y", std::as_bytes(std::span(y.data_ptr<float>() + i, 1))}});
+    w.close();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto floats = [](std::span<std::byte const> b, std::int64_t n) {
+    if (b.size() != static_cast<std::size_t>(n) * sizeof(float)) throw cohort::error("wrong member size");
+    auto t = torch::empty({n});
+    std::memcpy(t.data_ptr<float>(), b.data(), b.size());
+    return t;
+  };
+  return {.shards = cohort::data::shard_set::from_glob((dir / "samples-*.tar").string()),
+          .transform = [floats](cohort::data::sample const& s) {
+            return torch::data::Example<>{floats(s.member("x"), 3), floats(s.member("y"), 1)};
+          },
+          .sharding = {.seed = 3, .shuffle_buffer_samples = 5}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   cohort::environment env{argc, argv};
-  std::string storage = "runs", name = "fault";
+  std::string storage = "runs", name = "fault", shards;
   int epochs = 5, kill_at = -1, term_at = -1, min_workers = 0, step_ms = 0, timeout_ms = 600'000, report_at_batch = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string f = argv[i], v = argv[i + 1];
@@ -39,9 +73,11 @@ int main(int argc, char** argv) {
     else if (f == "--step-ms") step_ms = std::stoi(v);
     else if (f == "--timeout-ms") timeout_ms = std::stoi(v);
     else if (f == "--report-at-batch") report_at_batch = std::stoi(v);
+    else if (f == "--shards") shards = v;
   }
   auto x = torch::linspace(-1, 1, 90).reshape({30, 3});
-  cohort::tensor_dataset data{x, x.sum(1, true).sin()};
+  cohort::datasets data{{"train", cohort::tensor_dataset{x, x.sum(1, true).sin()}}};
+  if (!shards.empty()) data = cohort::datasets{{"train", sample_shards(shards)}};
 
   auto train = [&](cohort::context& ctx) {
     char host[256] = {};
@@ -53,7 +89,7 @@ int main(int argc, char** argv) {
     torch::manual_seed(11);
     auto model = ctx.prepare_model(net());
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    auto& loader = ctx.dataset_shard("train", {.batch_size = 4});
+    auto& loader = ctx.dataset_shard("train", {.batch_size = 4, .num_workers = shards.empty() ? 0u : 2u});
     bool const fresh = !ctx.checkpoint();
     if (!fresh) {
       cohort::loader_state position;
@@ -92,7 +128,7 @@ int main(int argc, char** argv) {
     }
     if (ctx.world_rank() == 0) std::ofstream(std::filesystem::path(storage) / (name + ".params.json")) << nlohmann::json(params).dump();
   };
-  auto result = cohort::trainer{train, cohort::datasets{{"train", data}}, cohort::sharding::shuffled{.seed = 3},
+  auto result = cohort::trainer{train, data, cohort::sharding::shuffled{.seed = 3},
                                 cohort::checkpointing::keep_last{.num_to_keep = 2}, cohort::scaling::cpu{.min_workers = min_workers}}
                     .fit(nlohmann::json::object(),
                          {.name = name, .storage_path = storage, .verbose = 0, .collective_timeout_ms = timeout_ms});
