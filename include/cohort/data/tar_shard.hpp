@@ -47,7 +47,7 @@ struct sample {
     for (auto const& m : members) have += (have.empty() ? "" : ", ") + m.first;
     throw cohort::error(shard + ": sample '" + key + "' has no member '" + std::string(ext) + "' (it has " +
                         (have.empty() ? std::string("none") : have) + "): write every sample with its ." +
-                        std::string(ext) + " file, or read with on_bad_sample = skip");
+                        std::string(ext) + " file");
   }
   /// The member `ext` as text (a .cls or .txt member).
   std::string text(std::string_view ext) const {
