@@ -108,7 +108,7 @@ TEST_CASE("a restored loader position continues with exactly the uninterrupted s
     saved = first.state();
   }
   CHECK(saved == nlohmann::json{{"epoch", 1}, {"position", 4}, {"seed", 7}, {"world_size", 0}, {"batch_size", 3},
-                                {"epoch_world_size", 0}, {"epoch_offset", 0}, {"epoch_end", 0}});
+                                {"epoch_world_size", 0}, {"epoch_offset", 0}, {"epoch_end", 0}, {"dataset_size", 40}});
   auto resumed = make();
   resumed.restore(saved.get<cohort::loader_state>());
   while (resumed.state().epoch < 3)
@@ -117,6 +117,9 @@ TEST_CASE("a restored loader position continues with exactly the uninterrupted s
   CHECK(got == expected);
   auto other_seed = cohort::data_loader<cohort::tensor_dataset>(numbered(40), one_of(2, 0, 8), {.batch_size = 3}, {}, 8);
   CHECK_THROWS_WITH(other_seed.restore(saved.get<cohort::loader_state>()), contains_text("saved with sharding seed 7"));
+  auto more_data = cohort::data_loader<cohort::tensor_dataset>(numbered(41), one_of(2, 0, 7), {.batch_size = 3}, {}, 7);
+  CHECK_THROWS_WITH(more_data.restore(saved.get<cohort::loader_state>()),
+                    contains_text("saved over a dataset of 40 samples and this loader's has 41"));
 }
 
 TEST_CASE("a loader resumed at another world size goes on from exactly the samples seen", "[torch][data]") {

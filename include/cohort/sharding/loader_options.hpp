@@ -29,6 +29,8 @@ struct loader_options {
 /// current dealing began, and the epoch trains its first `epoch_end` (0: all; fewer when the
 /// epoch's first dealing dropped partial batches). A state saved without them (0) is taken to be
 /// of the world size and batch size it is restored at (which cannot be checked).
+/// `dataset_size` is the dataset's sample count: a state restores only over a dataset of the same
+/// size (a shard set that gained or lost samples would deal another order; 0: not recorded).
 /// Small and JSON-convertible, so a checkpoint can carry it.
 struct loader_state {
   std::int64_t epoch = 0;
@@ -39,12 +41,13 @@ struct loader_state {
   std::int64_t epoch_world_size = 0;
   std::int64_t epoch_offset = 0;
   std::int64_t epoch_end = 0;
+  std::int64_t dataset_size = 0;
 
   /// Samples of the epoch's sequence trained on by all ranks together before batch `position`.
   std::int64_t samples_seen() const { return epoch_offset + position * batch_size * world_size; }
   friend bool operator==(loader_state const&, loader_state const&) = default;
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(loader_state, epoch, position, seed, world_size, batch_size,
-                                                epoch_world_size, epoch_offset, epoch_end)
+                                                epoch_world_size, epoch_offset, epoch_end, dataset_size)
 
 }  // namespace cohort

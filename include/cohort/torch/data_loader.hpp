@@ -149,6 +149,7 @@ class data_loader {
     state_.seed = seed;
     state_.world_size = state_.epoch_world_size = shard_.world_size;
     state_.batch_size = options_.batch_size;
+    state_.dataset_size = static_cast<std::int64_t>(source_.size());
     check_batch_size();
   }
 
@@ -193,13 +194,18 @@ class data_loader {
   /// (sharding/redeal.hpp): together the ranks go on from exactly the samples they had reached,
   /// each sample of the epoch's rest once (the last few repeated when the rest does not divide
   /// evenly; with drop_last, a partial last batch dropped). Throws cohort::error when `s` was
-  /// saved under another shuffling seed (the sample order would differ), or at another world size
+  /// saved under another shuffling seed or over a dataset of another size (the sample order would
+  /// differ), or at another world size
   /// or batch size when this loader cannot deal the epoch again.
   void restore(loader_state const& s) {
     if (s.seed != state_.seed)
       throw cohort::error("loader state was saved with sharding seed " + std::to_string(s.seed) +
                           " but this run shards with seed " + std::to_string(state_.seed) +
                           ": resume with the same sharding policy");
+    if (s.dataset_size != 0 && s.dataset_size != state_.dataset_size)
+      throw cohort::error("loader state was saved over a dataset of " + std::to_string(s.dataset_size) +
+                          " samples and this loader's has " + std::to_string(state_.dataset_size) +
+                          ": resume with the data the run started with (the order of another size differs)");
     if (s.world_size == 0) {  // saved without its dealing (or by a loader that does not know it)
       if (s.batch_size != 0 && s.batch_size != state_.batch_size)
         throw cohort::error("loader state was saved with batch size " + std::to_string(s.batch_size) + " and this loader has " +
@@ -213,6 +219,7 @@ class data_loader {
     }
     auto saved = s;
     if (saved.epoch_world_size <= 0) saved.epoch_world_size = saved.world_size;  // a state written by hand
+    saved.dataset_size = state_.dataset_size;
     if (saved.world_size == state_.world_size && saved.batch_size == state_.batch_size) {
       state_ = saved;
       return;
