@@ -2,9 +2,11 @@
 // whatever the workers' timing, exact resume in and across world sizes, and bad samples.
 #include <cohort/cohort.hpp>
 #include <cohort/data/shard_writer.hpp>
+#include <cohort/torch/fit_loop.hpp>
 #include <cohort/torch/shard_dataset.hpp>
 
 #include <chrono>
+#include <fstream>
 #include <random>
 #include <set>
 #include <thread>
@@ -210,4 +212,31 @@ TEST_CASE("bad samples are an error naming shard and sample, or skipped and coun
   CHECK(run(l, 1).size() == 16);
   CHECK(l.stats().skipped_samples == 4);  // samples 11-14
   CHECK(l.stats().batches == 5);
+}
+
+TEST_CASE("fit_loop reports the job's skipped samples of a shard dataset, every batch still trained",
+          "[torch][data][shards][mpi]") {
+  // 24 samples, batches of 2: at 1-4 ranks every sample is in a batch, sample 7 (undecodable) once.
+  auto dir = numbered_shards("shard_fit_skip", 24, 5);
+  auto d = dataset(dir, {.seed = 1, .shuffle_buffer_samples = 4}, [](cohort::data::sample const& s) {
+    if (s.text("txt") == "7") throw cohort::error("undecodable image");
+    auto ex = numbers()(s);
+    return torch::data::Example<>{ex.data.expand({4}).clone(), ex.target % 3};
+  });
+  d.on_bad_sample = cohort::bad_sample::skip;
+  cohort::fit_loop loop{[] {
+                          torch::manual_seed(0);
+                          return torch::nn::Linear(4, 3);
+                        },
+                        [](std::vector<torch::Tensor> p) { return torch::optim::SGD(p, torch::optim::SGDOptions(0.01)); }, torch::nn::CrossEntropyLoss(),
+                        cohort::fit_options{.batch_size = 2, .epochs = 2, .num_workers = 2, .checkpoint_every_epochs = 0}};
+  auto r = cohort::trainer{loop, cohort::datasets{{"train", d}}}.fit(
+      nlohmann::json::object(), {.name = "run", .storage_path = cohort_test::scratch("shard_fit_skip_runs").string(), .verbose = 0});
+  REQUIRE(r.ok());
+  CHECK(r.metrics["train_skipped_samples"] == 1);  // the last epoch's, summed over the ranks
+  auto rows = std::ifstream(r.path / "result.json");
+  int reported = 0;
+  for (std::string line; std::getline(rows, line);)
+    if (nlohmann::json::parse(line).value("train_skipped_samples", 0.0) == 1) ++reported;
+  CHECK(reported == 2);  // in both epochs
 }
