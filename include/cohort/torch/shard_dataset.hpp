@@ -175,8 +175,9 @@ class shard_stream final : public stream_dataset::source {
     xs.reserve(raw.size());
     ys.reserve(raw.size());
     batch out;
+    std::string why;  // the last bad sample's cause
     for (auto const& f : raw) {
-      std::string why = f.error;
+      why = f.error;
       if (f.sample) try {
           auto ex = d_.transform(*f.sample);
           xs.push_back(std::move(ex.data));
@@ -192,7 +193,7 @@ class shard_stream final : public stream_dataset::source {
     }
     if (xs.empty())
       throw cohort::error("every sample of a batch of " + std::to_string(raw.size()) + " was bad (the last: " +
-                          (raw.empty() ? std::string("none") : raw.back().error) + "): check the shards");
+                          (why.empty() ? std::string("none") : why) + "): check the shards");
     out.inputs = torch::stack(xs);
     out.targets = torch::stack(ys);
     return out;
