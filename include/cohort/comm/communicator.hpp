@@ -2,7 +2,7 @@
 /// \file
 /// The communicator concept: the collectives a trainer needs, over raw buffers.
 /// Implementations: comm::mpi (CPU, always available) and, with COHORT_WITH_NCCL, the NCCL
-/// backend of the GPU issue. Nothing here depends on LibTorch.
+/// GPU backend. Nothing here depends on LibTorch.
 
 #include <bit>
 #include <concepts>

@@ -31,7 +31,7 @@ struct interconnect {
 };
 
 /// A cluster of identical nodes: NVLink within a node, one network port per GPU across nodes.
-/// The defaults are the H100 cluster of the scaling issue; see docs/scaling-model.md for sources.
+/// The defaults are a reference H100 cluster; see docs/scaling-model.md for sources.
 struct cluster {
   /// GPUs per node (8 on an HGX/DGX H100).
   int gpus_per_node = 8;
