@@ -161,6 +161,77 @@ TEST_CASE("fit_loop resumes mid-run exactly where it stopped", "[fit_loop][mpi]"
   CHECK(max_difference(weights_of(*rest.checkpoint), weights_of(*straight.checkpoint)) == 0.0);
 }
 
+TEST_CASE("fit_loop's loss scaling skips the steps that overflow, backs off, and resumes with its scale", "[fit_loop][mpi]") {
+  auto const storage = cohort_test::scratch("fit_loop_scaling");
+  // From 2^150 the scaled loss is inf (float32 ends below 2^128): that step is skipped and the
+  // scale drops to 2^130, still inf, then to 2^110, where every step is finite.
+  auto options = [](loop_config const& c) {
+    return cohort::fit_options{.batch_size = 4, .epochs = c.epochs, .precision = cohort::mixed_precision::bfloat16,
+                               .loss_scaling = cohort::grad_scaler_options{.init_scale = 0x1p150, .backoff_factor = 0x1p-20}};
+  };
+  auto trainer_of = [&] {
+    return cohort::trainer{cohort::fit_loop{make_net, make_sgd, torch::nn::CrossEntropyLoss(), options},
+                           cohort::datasets{{"train", train_set}}, cohort::sharding::shuffled{.seed = 5}};
+  };
+  auto straight = trainer_of().fit(loop_config{.epochs = 2}, run_in(storage, "straight"));
+  REQUIRE(straight.ok());
+  auto first = trainer_of().fit(loop_config{.epochs = 1}, run_in(storage, "resumed"));
+  REQUIRE(first.ok());
+  // Catches steps taken on inf gradients, a scale that does not back off, metrics of one rank.
+  CHECK(first.metrics.at("train_skipped_steps") == 2);
+  CHECK(first.metrics.at("loss_scale") == 0x1p110);
+  CHECK(std::isfinite(first.metrics.at("train_loss").get<double>()));
+  auto rest = trainer_of().fit(loop_config{.epochs = 2}, run_in(storage, "resumed"));
+  REQUIRE(rest.ok());
+  REQUIRE(rest.checkpoint);
+  // Catches a checkpoint without the scale: a resumed run would start again from 2^150 and skip.
+  CHECK(rest.metrics.at("train_skipped_steps") == 0);
+  CHECK(rest.metrics.at("loss_scale") == 0x1p110);
+  CHECK(max_difference(weights_of(*rest.checkpoint), weights_of(*straight.checkpoint)) == 0.0);
+}
+
+TEST_CASE("fit_loop leaves the weights alone on steps whose gradients overflow", "[fit_loop][mpi]") {
+  auto const storage = cohort_test::scratch("fit_loop_overflow");
+  // Halving from 2^150 stays above 2^128 for more steps than an epoch has: every step is skipped.
+  cohort::trainer t{make_loop({.batch_size = 4, .epochs = 1,
+                               .loss_scaling = cohort::grad_scaler_options{.init_scale = 0x1p150}}),
+                    cohort::datasets{{"train", train_set}}};
+  auto r = t.fit(loop_config{}, run_in(storage, "overflow"));
+  REQUIRE(r.ok());
+  REQUIRE(r.checkpoint);
+  CHECK(r.metrics.at("train_skipped_steps") == 48 / (4 * world_size()));
+  CHECK(max_difference(weights_of(*r.checkpoint), flat(*make_net())) == 0.0);
+}
+
+TEST_CASE("fit_loop clips the unscaled gradients to max_grad_norm", "[fit_loop][mpi]") {
+  auto const storage = cohort_test::scratch("fit_loop_clip");
+  // One step of SGD at lr 1 (the first momentum step is the gradient): the weights move by the
+  // clipped gradient, whose norm is max_grad_norm. Clipping the scaled gradients (before
+  // unscale) would move them 2^10 times less; no clipping, by the gradient's norm (~0.1-1).
+  cohort::trainer t{make_loop({.batch_size = 48 / world_size(), .epochs = 1,
+                               .loss_scaling = cohort::grad_scaler_options{.init_scale = 0x1p10}, .max_grad_norm = 1e-3}),
+                    cohort::datasets{{"train", train_set}}};
+  auto r = t.fit(loop_config{.lr = 1.0, .epochs = 1}, run_in(storage, "clip"));
+  REQUIRE(r.ok());
+  REQUIRE(r.checkpoint);
+  auto const after = weights_of(*r.checkpoint), before = flat(*make_net());
+  double moved = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) moved += (after[i] - before[i]) * (after[i] - before[i]);
+  CHECK(std::sqrt(moved) == Approx(1e-3).epsilon(1e-3));
+}
+
+TEST_CASE("fit_loop refuses float16 on the CPU and a negative max_grad_norm", "[fit_loop][mpi]") {
+  auto const storage = cohort_test::scratch("fit_loop_precision");
+  cohort::trainer half{make_loop({.precision = cohort::mixed_precision::float16}), cohort::datasets{{"train", train_set}}};
+  auto r = half.fit(loop_config{}, run_in(storage, "half"));
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(*r.error, contains_text("float16 needs a CUDA device"));
+  cohort::trainer clip{make_loop({.max_grad_norm = -1}), cohort::datasets{{"train", train_set}}};
+  auto c = clip.fit(loop_config{}, run_in(storage, "clip"));
+  REQUIRE_FALSE(c.ok());
+  CHECK_THAT(*c.error, contains_text("max_grad_norm must be >= 0"));
+}
+
 namespace {
 
 // Replaces both steps, counting them; the training step records the learning rate it ran with.

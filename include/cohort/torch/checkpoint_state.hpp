@@ -386,6 +386,15 @@ void restore(std::filesystem::path const& dir, std::size_t& module_i, std::size_
   }
 }
 
+/// Value `i` of what checkpoint_of saved in `ckpt` (state.json's values), or null where it holds
+/// fewer: for an item added after checkpoints were already written.
+inline nlohmann::json checkpoint_value(checkpoint const& ckpt, std::size_t i) {
+  std::ifstream in(ckpt.path() / "state.json");
+  auto const state = nlohmann::json::parse(in, nullptr, false);
+  if (!state.is_object() || !state.contains("values") || !state["values"].is_array() || i >= state["values"].size()) return nullptr;
+  return state["values"][i];
+}
+
 }  // namespace detail
 
 /// A checkpoint of LibTorch state: modules (model.safetensors, model_1.safetensors, ...: Python

@@ -3,9 +3,10 @@
 /// cohort::fit_loop: the training loop most users would write, as a trainer functor (RaySGD's
 /// TrainingOperator without inheritance). Give it a model factory, an optimizer factory, a loss
 /// and fit_options; it prepares the model, shards and prefetches the training data, runs the
-/// epochs (forward under autocast when asked, backward, step), validates each epoch on every rank's
-/// slice of the validation set, all-reduces the metric sums (so every metric is the whole job's,
-/// not rank 0's), reports once per epoch with a checkpoint, and resumes from the latest one.
+/// epochs (forward under autocast and loss scaling when asked, backward, clipping, step),
+/// validates each epoch on every rank's slice of the validation set, all-reduces the metric sums
+/// (so every metric is the whole job's, not rank 0's), reports once per epoch with a checkpoint,
+/// and resumes from the latest one.
 ///
 /// Parts replace a piece of it, each found by what it satisfies (no virtual functions):
 /// an object with `train_step(state, batch)` (cohort::train_step_part) or `validate_step(state,
@@ -39,9 +40,18 @@
 #include "cohort/torch/autocast.hpp"
 #include "cohort/torch/checkpoint_state.hpp"
 #include "cohort/torch/data_loader.hpp"
+#include "cohort/torch/grad_scaler.hpp"
 #include "cohort/torch/prepare_model.hpp"
 
 namespace cohort {
+
+/// The precision of fit_loop's forward pass and loss (fit_options::precision). Parameters,
+/// gradients and the optimizer stay float32 in every mode (Python's torch.autocast).
+enum class mixed_precision {
+  off,       ///< float32 throughout
+  bfloat16,  ///< forward and loss under cohort::autocast in bfloat16, on the CPU or CUDA
+  float16,   ///< forward and loss under autocast in float16 (CUDA only), with loss scaling (cohort::grad_scaler)
+};
 
 /// The knobs of cohort::fit_loop.
 struct fit_options {
@@ -53,7 +63,12 @@ struct fit_options {
   std::string validation{};                   ///< the trainer's dataset to validate on (empty: no validation)
   std::string validation_prefix = "val";      ///< validation metrics are <prefix>_loss and <prefix>_accuracy
   std::int64_t validation_batch_size = 128;   ///< samples per validation batch
-  bool autocast = false;                      ///< forward and loss under cohort::autocast (bfloat16)
+  mixed_precision precision = mixed_precision::off;  ///< forward and loss under cohort::autocast in this precision
+  /// Dynamic loss scaling (cohort::grad_scaler: scale the loss, unscale before clipping, skip a
+  /// step whose gradients are inf or NaN, scale kept in the checkpoint). Empty: on with float16
+  /// with GradScaler's defaults, off otherwise; given: on with these knobs (`.enabled = false`: off).
+  std::optional<grad_scaler_options> loss_scaling{};
+  double max_grad_norm = 0;                   ///< clip the gradients' total 2-norm to this before each step (0: no clipping)
   bool accuracy = true;                       ///< also report accuracy: argmax of the output vs the target
   std::int64_t checkpoint_every_epochs = 1;   ///< a checkpoint with every n-th epoch's report (0: none)
 };
@@ -66,7 +81,7 @@ struct step_metrics {
 };
 
 /// What a step sees of the loop: the context, the prepared model, the optimizer, the loss and the
-/// options, and the epoch being run.
+/// options, the epoch being run, and the loss scaler (null without loss scaling).
 template <class Model, class Optimizer, class Loss>
 struct fit_state {
   context& ctx;
@@ -75,6 +90,7 @@ struct fit_state {
   Loss& loss;
   fit_options const& options;
   std::int64_t epoch = 0;
+  grad_scaler* scaler = nullptr;  ///< fit_options::loss_scaling's; a train_step part scales with it too
 };
 
 /// A part that replaces the training step: `train_step(state, batch)` runs forward, backward and
@@ -292,10 +308,19 @@ class fit_loop {
     fit_options const options = options_for(config);
     if (options.epochs < 0 || options.checkpoint_every_epochs < 0 || options.validation_batch_size <= 0)
       throw cohort::error("fit_options: epochs and checkpoint_every_epochs must be >= 0 and validation_batch_size > 0");
+    if (!(options.max_grad_norm >= 0))
+      throw cohort::error("fit_options: max_grad_norm must be >= 0 (0: no clipping)");
+    if (options.precision == mixed_precision::float16 && ctx.device().kind != device_kind::cuda)
+      throw cohort::error("fit_options: precision float16 needs a CUDA device (scaling::cuda): on the CPU use "
+                          "mixed_precision::bfloat16");
+    std::optional<grad_scaler> scaler;
+    if (auto const o = options.loss_scaling ? *options.loss_scaling : grad_scaler_options{};
+        o.enabled && (options.loss_scaling || options.precision == mixed_precision::float16))
+      scaler.emplace(o);
     auto model = ctx.prepare_model(detail::call_with_config(make_model_, config));
     optimizer_type optimizer = detail::call_with_config(make_optimizer_, model->parameters(), config);
     Loss loss = loss_;
-    state_type state{ctx, model, optimizer, loss, options, 0};
+    state_type state{ctx, model, optimizer, loss, options, 0, scaler ? &*scaler : nullptr};
     loader_options const lo{.batch_size = options.batch_size, .prefetch_batches = options.prefetch_batches,
                             .num_workers = options.num_workers};
     with_train_loader(ctx, lo, options, [&](auto& loader) { run(ctx, state, loader); });
@@ -350,6 +375,8 @@ class fit_loop {
       loader_state position;
       load_checkpoint(*ck, state.model, state.optimizer, position);
       loader.restore(position);
+      // The loss scale, saved after the position when scaling was on (absent: it starts afresh).
+      if (auto const s = detail::checkpoint_value(*ck, 1); state.scaler && s.is_object()) state.scaler->load_state(s);
     }
     auto scheduler = make_scheduler(state.optimizer);
     for (std::int64_t e = 0; e < loader.state().epoch; ++e) step_scheduler(scheduler);  // where a resumed run was
@@ -358,9 +385,14 @@ class fit_loop {
       state.model->train();
       step_metrics train;
       auto const skipped_before = loader.stats().skipped_samples;
+      auto const skipped_steps_before = state.scaler ? state.scaler->skipped_steps() : 0;
       for (auto& b : loader.epoch()) add(train, train_step(state, b));
       nlohmann::json metrics{{"epoch", state.epoch}};
       put(ctx, metrics, "train", train, options.accuracy);
+      if (state.scaler) {  // the same on every rank: the gradients it looks at are averaged
+        metrics["loss_scale"] = state.scaler->current_scale();
+        metrics["train_skipped_steps"] = state.scaler->skipped_steps() - skipped_steps_before;
+      }
       // Bad samples a shard dataset left out (on_bad_sample = skip), the whole job's: reported when any.
       double skipped = static_cast<double>(loader.stats().skipped_samples - skipped_before);
       ctx.comm().allreduce(&skipped, 1, comm::reduce_op::sum);
@@ -370,7 +402,8 @@ class fit_loop {
       step_scheduler(scheduler);
       auto const done = state.epoch + 1;
       if (options.checkpoint_every_epochs > 0 && (done % options.checkpoint_every_epochs == 0 || done == options.epochs || stop))
-        ctx.report(metrics, checkpoint_of(state.model, state.optimizer, loader.state()));
+        ctx.report(metrics, state.scaler ? checkpoint_of(state.model, state.optimizer, loader.state(), state.scaler->state())
+                                         : checkpoint_of(state.model, state.optimizer, loader.state()));
       else
         ctx.report(metrics);
       if (stop) return;
@@ -400,14 +433,30 @@ class fit_loop {
       torch::Tensor output, loss;
       {
         std::optional<cohort::autocast> mixed;
-        if (state.options.autocast) mixed.emplace(state.ctx.device());
+        start_autocast(state, mixed);
         output = state.model->forward(b.inputs);
         loss = state.loss(output, b.targets);
       }
-      loss.backward();
-      state.optimizer.step();
+      auto* const scaler = state.scaler;
+      (scaler ? scaler->scale(loss) : loss).backward();
+      if (state.options.max_grad_norm > 0) {
+        if (scaler) scaler->unscale(state.optimizer);  // clip the true gradients, not the scaled ones
+        torch::nn::utils::clip_grad_norm_(state.model->parameters(), state.options.max_grad_norm);
+      }
+      if (scaler) {
+        scaler->step(state.optimizer);  // skipped when a gradient is inf or NaN (on every rank alike)
+        scaler->update();
+      } else {
+        state.optimizer.step();
+      }
       return measured(state, output, loss, b);
     }
+  }
+
+  /// Opens fit_options::precision's autocast scope in `mixed` (none when off).
+  static void start_autocast(state_type const& state, std::optional<cohort::autocast>& mixed) {
+    if (state.options.precision != mixed_precision::off)
+      mixed.emplace(state.ctx.device(), state.options.precision == mixed_precision::float16 ? at::kHalf : at::kBFloat16);
   }
 
   template <class P, class... Ps>
@@ -434,7 +483,7 @@ class fit_loop {
       return std::apply([&](auto&... p) { return first_validate_step(state, b, p...); }, parts_);
     } else {
       std::optional<cohort::autocast> mixed;
-      if (state.options.autocast) mixed.emplace(state.ctx.device());
+      start_autocast(state, mixed);
       auto output = state.model->forward(b.inputs);
       auto loss = state.loss(output, b.targets);
       return measured(state, output, loss, b);
