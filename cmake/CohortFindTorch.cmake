@@ -123,6 +123,10 @@ function(cohort_find_torch)
   endif()
 
   add_library(cohort::libtorch INTERFACE IMPORTED)
+  set(runtime_first "")
+  if(CMAKE_SYSTEM_NAME STREQUAL "Linux" AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    set(runtime_first "-Wl,--push-state,--no-as-needed,-lstdc++,--pop-state")
+  endif()
   set_target_properties(cohort::libtorch PROPERTIES COHORT_TORCH_DIR "${dir}" COHORT_TORCH_VERSION "${version}"
                                                  COHORT_TORCH_WITH_CUDA ${with_cuda})
   if(NOT EXISTS "${lib}/libtorch_cuda.so" OR with_cuda)
@@ -133,7 +137,7 @@ function(cohort_find_torch)
       get_filename_component(Caffe2_DIR "${dir}/../Caffe2" ABSOLUTE)
     endif()
     find_package(Torch CONFIG REQUIRED PATHS "${dir}" NO_DEFAULT_PATH)
-    target_link_libraries(cohort::libtorch INTERFACE torch)
+    target_link_libraries(cohort::libtorch INTERFACE ${runtime_first} torch)
     foreach(d IN LISTS wheel_cuda_dirs)
       target_link_options(cohort::libtorch INTERFACE "LINKER:-rpath-link,${d}")
     endforeach()
@@ -145,7 +149,7 @@ function(cohort_find_torch)
     endforeach()
     # Headers as TorchConfig.cmake gives them; the ABI flag where an older TorchConfig sets one.
     target_include_directories(cohort::libtorch SYSTEM INTERFACE "${prefix}/include" "${prefix}/include/torch/csrc/api/include")
-    target_link_libraries(cohort::libtorch INTERFACE "${lib}/libtorch_cpu.so" "${lib}/libc10.so")
+    target_link_libraries(cohort::libtorch INTERFACE ${runtime_first} "${lib}/libtorch_cpu.so" "${lib}/libc10.so")
     target_compile_features(cohort::libtorch INTERFACE cxx_std_17)
     file(STRINGS "${dir}/TorchConfig.cmake" abi REGEX "_GLIBCXX_USE_CXX11_ABI=[01]")
     if(abi MATCHES "_GLIBCXX_USE_CXX11_ABI=([01])")
@@ -155,7 +159,10 @@ function(cohort_find_torch)
   # PyPI's wheels link parts of libstdc++ statically and export them (std::filesystem among them,
   # pytorch/pytorch#133437). Listed after libtorch, the C++ runtime loses to those copies for every
   # library in the process, and the 2.11 CUDA wheel's std::filesystem::remove_all calls address 0.
-  # The runtime named first (an option: ahead of every library) keeps each call in its own copy.
+  # The runtime is named twice ahead of LibTorch: as an option (before the objects, so ahead of
+  # every library) and as the first item of the library list, right before LibTorch's libraries,
+  # where it holds whatever the linker and CMake do with options (one toolchain left the option
+  # alone without effect). cohort/torch/runtime_binding.hpp warns at run time where neither took.
   if(CMAKE_SYSTEM_NAME STREQUAL "Linux" AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     target_link_options(cohort::libtorch INTERFACE "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
   endif()

@@ -48,6 +48,7 @@
 #include "cohort/run_config.hpp"
 
 #if COHORT_WITH_TORCH
+#include "cohort/torch/runtime_binding.hpp"
 #include "cohort/torch/threads.hpp"
 #endif
 
@@ -473,6 +474,7 @@ class trainer {
     out.threads = scaling().intra_op_threads(placed, cores.cores);
 #if COHORT_WITH_TORCH
     cohort::detail::set_intra_op_threads(out.threads);
+    cohort::detail::warn_if_runtime_shadowed();
 #endif
     return out;
   }

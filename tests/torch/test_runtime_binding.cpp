@@ -3,10 +3,8 @@
 // the loader finds LibTorch before libstdc++, every std::filesystem call of the process goes to
 // that copy, and the 2.11 CUDA wheel's remove_all jumps to address 0. cmake/CohortFindTorch.cmake
 // names the runtime first; this checks that it took. Compiled into the LibTorch and the GPU tests.
-#include <dlfcn.h>
+#include <cohort/torch/runtime_binding.hpp>
 
-#include <cstdint>
-#include <filesystem>
 #include <string>
 
 #include "../catch.hpp"
@@ -14,11 +12,20 @@
 TEST_CASE("std::filesystem calls reach the C++ runtime, not the copy a LibTorch wheel exports", "[torch][link]") {
   // Catches: a link order (or a new wheel) that lets LibTorch's exported std::filesystem take
   // the calls of cohort's checkpoint retention and of the user's own code.
-  auto* const remove_all = static_cast<std::uintmax_t (*)(std::filesystem::path const&)>(&std::filesystem::remove_all);
-  Dl_info where{};
-  REQUIRE(dladdr(reinterpret_cast<void*>(remove_all), &where) != 0);
-  REQUIRE(where.dli_fname != nullptr);
-  INFO("std::filesystem::remove_all is defined in " << where.dli_fname);
-  CHECK(std::string(where.dli_fname).find("libtorch") == std::string::npos);
-  CHECK(std::string(where.dli_fname).find("libstdc++") != std::string::npos);
+  auto const where = cohort::detail::remove_all_defined_in();
+  INFO("std::filesystem::remove_all is defined in " << where);
+  REQUIRE_FALSE(where.empty());
+  CHECK(where.find("libtorch") == std::string::npos);
+  CHECK(where.find("libstdc++") != std::string::npos);
+  CHECK(cohort::detail::runtime_binding_warning(where).empty());
+}
+
+TEST_CASE("a program whose std::filesystem runs in LibTorch's copy is told how to link", "[torch][link]") {
+  auto const w = cohort::detail::runtime_binding_warning("/venv/lib/python3.12/site-packages/torch/lib/libtorch.so");
+  CHECK_THAT(w, contains_text("libtorch.so's copy of libstdc++"));
+  CHECK_THAT(w, contains_text("cohort::torch"));
+  CHECK_THAT(w, contains_text("--no-as-needed,-lstdc++"));
+  CHECK(cohort::detail::runtime_binding_warning("/venv/torch/lib/libc10.so") != "");
+  CHECK(cohort::detail::runtime_binding_warning("/usr/lib/x86_64-linux-gnu/libstdc++.so.6").empty());
+  CHECK(cohort::detail::runtime_binding_warning("").empty());
 }
