@@ -11,7 +11,9 @@
 //                a one-rank NCCL communicator on a side stream ordered by events): everything a
 //                rank of a multi-GPU job does per step but the network (built with cohort::nccl)
 // A round's time is taken between two device synchronisations; the figure is the median over
-// rounds of the time per step. One JSON line per model: the three figures and the overheads.
+// rounds of the time per step. One JSON line per model: the three figures and the overheads, and
+// the plain step's phases (forward with the loss, backward, optimizer step; each timed between
+// two synchronisations, so their sum exceeds the step) for the scaling model's shares.
 // Models: small = MLP 1024-256-256-10, batch 64; large = MLP 1024-4x4096-10, batch 256;
 // transformer = 12 encoder layers, d 768, 12 heads, feed-forward 3072, vocabulary 8192 (98M
 // parameters), batch 16, sequence 256, forward under autocast bfloat16.
@@ -149,6 +151,32 @@ nlohmann::json measure(cohort::context& ctx, std::string const& name, std::funct
       synchronize(device);
       v.ms_per_step.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps);
     }
+  // The plain step's phases, each between two device synchronisations (the scaling model's
+  // backward and optimizer shares): zero_grad + forward + loss, backward, optimizer step.
+  std::vector<double> forward_ms, backward_ms, optimizer_ms;
+  for (int s = 0; s < std::max(steps, 5); ++s) {
+    auto ms_since = [&](auto& t) {
+      synchronize(device);
+      auto const now = std::chrono::steady_clock::now();
+      double const ms = std::chrono::duration<double, std::milli>(now - t).count();
+      t = now;
+      return ms;
+    };
+    synchronize(device);
+    auto t = std::chrono::steady_clock::now();
+    plain_opt->zero_grad();
+    torch::Tensor l;
+    {
+      std::optional<cohort::autocast> guard;
+      if (bf16) guard.emplace(ctx.device());
+      l = cross_entropy(plain_net->forward(x), y);
+    }
+    forward_ms.push_back(ms_since(t));
+    l.backward();
+    backward_ms.push_back(ms_since(t));
+    plain_opt->step();
+    optimizer_ms.push_back(ms_since(t));
+  }
   std::int64_t params = 0;
   for (auto const& p : plain_net->parameters()) params += p.numel();
   nlohmann::json out{{"model", name}, {"parameters", params}, {"device", ctx.device().str()}, {"steps_per_round", steps},
@@ -158,6 +186,9 @@ nlohmann::json measure(cohort::context& ctx, std::string const& name, std::funct
     out[v.name + "_ms"] = median(v.ms_per_step);
     if (v.name != "plain") out[v.name + "_overhead_pct"] = (median(v.ms_per_step) / plain_ms - 1) * 100;
   }
+  out["plain_forward_ms"] = median(forward_ms);
+  out["plain_backward_ms"] = median(backward_ms);
+  out["plain_optimizer_ms"] = median(optimizer_ms);
   if (!out.contains("cohort_nccl_ms")) out["cohort_nccl"] = device.is_cuda() ? "not built (no cohort::nccl)" : "needs a GPU";
   return out;
 }

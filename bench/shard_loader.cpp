@@ -5,9 +5,11 @@
 //       a synthetic image set: side x side RGB JPEGs (quality 90) of `distinct` smooth random
 //       pictures, written again and again under new keys until the shards hold G GB, with labels
 //   ./bench_shard_loader read --shards DIR [--workers K] [--samples N] [--batch 64] [--buffer 0]
+//                             [--channels 3] [--pattern "images-*.tar"] [--device cpu|cuda]
 //       one rank reads N samples (0: the whole epoch) in batches, decoding each JPEG into a uint8
-//       tensor of 3 x side x side on K threads; prints one JSON line: samples_per_s (after the
-//       first 2 batches), max_rss_mb (VmHWM: the loader's peak resident memory)
+//       tensor of channels x side x side on K threads; prints one JSON line: samples_per_s (after
+//       the first 2 batches), max_rss_mb (VmHWM: the loader's peak resident memory). With
+//       --device cuda each batch is pinned and copied to GPU 0 (non-blocking), as a GPU rank's is.
 //   ./bench_shard_loader --smoke
 //       both, on a tiny set in a temporary folder (CI keeps the program from rotting)
 #include <cohort/cohort.hpp>
@@ -85,8 +87,11 @@ int make(std::map<std::string, std::string> f) {
   return 0;
 }
 
+int channels = 3;  ///< read's --channels: 3 for the synthetic RGB sets, 1 for Fashion-MNIST's shards
+
 torch::data::Example<> image_sample(cohort::data::sample const& s) {
-  return {cohort::decode_jpeg(s.member("jpg"), {.channels = 3}), torch::tensor(static_cast<std::int64_t>(std::stoi(s.text("cls"))))};
+  return {cohort::decode_jpeg(s.member("jpg"), {.channels = channels}),
+          torch::tensor(static_cast<std::int64_t>(std::stoi(s.text("cls"))))};
 }
 
 int read(std::map<std::string, std::string> f) {
@@ -95,14 +100,19 @@ int read(std::map<std::string, std::string> f) {
   std::int64_t const want = std::stoll(f.count("--samples") ? f["--samples"] : "0");
   std::int64_t const batch = std::stoll(f.count("--batch") ? f["--batch"] : "64");
   std::size_t const buffer = std::stoul(f.count("--buffer") ? f["--buffer"] : "0");
-  cohort::shard_dataset d{.shards = cohort::data::shard_set::from_glob(dir + "/images-*.tar"),
+  channels = std::stoi(f.count("--channels") ? f["--channels"] : "3");
+  auto const on = f.count("--device") ? f["--device"] : "cpu";
+  if (on != "cpu" && on != "cuda") throw cohort::error("--device " + on + ": use cpu or cuda");
+  auto const device = on == "cuda" ? cohort::device{.kind = cohort::device_kind::cuda, .index = 0} : cohort::device{};
+  auto const pattern = f.count("--pattern") ? f["--pattern"] : "images-*.tar";
+  cohort::shard_dataset d{.shards = cohort::data::shard_set::from_glob(dir + "/" + pattern),
                           .transform = image_sample,
                           .sharding = {.shuffle_shards = false, .shuffle_buffer_samples = buffer}};
   auto stream = d.as_stream();
   auto dealing = *stream.impl->dealing();
   cohort::data_loader<cohort::stream_dataset> loader(
       stream, cohort::sharding::rank_shard{dealing.first, 1, 0},
-      {.batch_size = batch, .prefetch_batches = 2 * workers, .num_workers = workers, .drop_last = false}, {}, dealing.second);
+      {.batch_size = batch, .prefetch_batches = 2 * workers, .num_workers = workers, .drop_last = false}, device, dealing.second);
   std::int64_t samples = 0, timed = 0, batches = 0;
   auto t0 = std::chrono::steady_clock::now();
   std::int64_t checksum = 0;
@@ -116,7 +126,7 @@ int read(std::map<std::string, std::string> f) {
     if (want > 0 && samples >= want) break;
   }
   double const s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::cout << nlohmann::json{{"loader", "cohort"},       {"workers", workers},
+  std::cout << nlohmann::json{{"loader", "cohort"},       {"workers", workers}, {"device", device.str()},
                               {"samples", samples},       {"samples_per_s", static_cast<double>(samples - timed) / s},
                               {"max_rss_mb", max_rss_mb()}, {"checksum", checksum}}
                    .dump()

@@ -67,10 +67,12 @@ std::int64_t count_correct(Net& net, cohort::tensor_dataset const& set, std::int
   constexpr std::int64_t eval_batch = 128;
   net->eval();
   torch::NoGradGuard no_grad;
+  auto const device = net->parameters().front().device();  // the test set stays on the CPU; each batch goes there
   std::int64_t correct = 0;
   for (auto b = lo; b < hi; b += eval_batch) {
     auto len = std::min<std::int64_t>(eval_batch, hi - b);
-    correct += net->forward(set.inputs.narrow(0, b, len)).argmax(1).eq(set.targets.narrow(0, b, len)).sum().template item<std::int64_t>();
+    auto const x = set.inputs.narrow(0, b, len).to(device), y = set.targets.narrow(0, b, len).to(device);
+    correct += net->forward(x).argmax(1).eq(y).sum().template item<std::int64_t>();
   }
   return correct;
 }
@@ -116,13 +118,22 @@ inline bool below_accuracy_floor(nlohmann::json const& metrics, double floor) {
   return true;
 }
 
+/// The mean of the reports' time_this_iter_s, the first left out when there are more (it holds
+/// the warm-up: allocator, cuDNN's choice of algorithms); 0 without reports.
+inline double mean_epoch_seconds(std::vector<nlohmann::json> const& history) {
+  double sum = 0;
+  int n = 0;
+  for (std::size_t i = history.size() > 1 ? 1 : 0; i < history.size(); ++i, ++n) sum += history[i].value("time_this_iter_s", 0.0);
+  return n > 0 ? sum / n : 0.0;
+}
+
 /// Where the Debian package dataset-fashion-mnist puts the files; --data names another folder.
 inline std::string const default_fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
 
 /// The command line of the two Fashion-MNIST programs (fashion_mnist.cpp on fit_loop,
 /// fashion_mnist_manual.cpp by hand):
 ///   [--data DIR] [--epochs N] [--max-train N] [--storage DIR] [--name NAME] [--workers N]
-///   [--min-test-accuracy A] [--validator-ranks N] (fashion_mnist_manual only)
+///   [--device cpu|cuda] [--min-test-accuracy A] [--validator-ranks N] (fashion_mnist_manual only)
 struct fashion_flags {
   std::string data_dir = default_fashion_mnist_dir;
   int epochs = 4;
@@ -130,6 +141,7 @@ struct fashion_flags {
   std::string storage = "cohort_results";
   std::string name{};                 ///< the run's name; a rerun of the same name resumes it
   int workers = 2;                    ///< the rank count mpirun must start
+  std::string device = "cpu";         ///< cpu (scaling::cpu) or cuda (scaling::cuda: one GPU per rank)
   double min_test_accuracy = 0;       ///< exit 1 when the final test accuracy is below it
   int validator_ranks = 0;            ///< fashion_mnist_manual: the last N ranks validate checkpoints instead of training
 };
@@ -149,12 +161,13 @@ inline std::optional<fashion_flags> parse_fashion_flags(int argc, char** argv) {
       else if (flag == "--storage") f.storage = value;
       else if (flag == "--name") f.name = value;
       else if (flag == "--workers") f.workers = std::stoi(value);
+      else if (flag == "--device" && (value == "cpu" || value == "cuda")) f.device = value;
       else if (flag == "--min-test-accuracy") f.min_test_accuracy = std::stod(value);
       else if (flag == "--validator-ranks") f.validator_ranks = std::stoi(value);
       else throw std::invalid_argument("unknown");
     } catch (std::exception const&) {
       std::cerr << "bad flag " << flag << " (or its value): use --data DIR, --epochs N, --max-train N, --storage DIR, "
-                                          "--name NAME, --workers N, --min-test-accuracy A or --validator-ranks N\n";
+                                          "--name NAME, --workers N, --device cpu|cuda, --min-test-accuracy A or --validator-ranks N\n";
       return std::nullopt;
     }
   }

@@ -1,5 +1,6 @@
 // The smallest data-parallel run: fit y = 2x on 200 points with 2 workers (MSE, SGD).
-//   mpirun -np 2 ./quickstart [--storage DIR]
+//   mpirun -np 2 ./quickstart [--storage DIR] [--device cpu|cuda] [--workers N]
+// With --device cuda each rank trains on its own GPU (mpirun -np 1 ... --workers 1 on one GPU).
 #include <cohort/cohort.hpp>
 
 #include <iostream>
@@ -7,16 +8,29 @@
 
 int main(int argc, char** argv) {
   cohort::environment env{argc, argv};
-  cohort::run_config run{.name = "", .storage_path = argc > 2 && std::string(argv[1]) == "--storage" ? argv[2] : "cohort_results"};
+  cohort::run_config run{.name = "", .storage_path = "cohort_results"};
+  std::string device = "cpu";
+  int workers = 2;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string const flag = argv[i], value = argv[i + 1];
+    if (flag == "--storage") run.storage_path = value;
+    else if (flag == "--device" && (value == "cpu" || value == "cuda")) device = value;
+    else if (flag == "--workers") workers = std::stoi(value);
+    else {
+      std::cerr << "unknown flag " << flag << " (or its value): use --storage DIR, --device cpu|cuda or --workers N\n";
+      return 2;
+    }
+  }
 
   auto train = [](cohort::context& ctx, nlohmann::json const& cfg) {
-    auto x = torch::linspace(-1, 1, 200).unsqueeze(1);
+    auto const dev = cohort::to_torch(ctx.device());  // this rank's CPU or GPU
+    auto x = torch::linspace(-1, 1, 200).unsqueeze(1).to(dev);
     auto y = 2 * x;
     auto model = ctx.prepare_model(torch::nn::Linear(1, 1));
     torch::optim::SGD opt(model->parameters(), cfg.value("lr", 0.1));
     for (int epoch = 0; epoch < cfg.value("epochs", 20); ++epoch) {
       auto idx = ctx.shard_indices(200, epoch);  // this rank's 100 samples, reshuffled per epoch
-      auto rows = torch::tensor(std::vector<std::int64_t>(idx.begin(), idx.end()));
+      auto rows = torch::tensor(std::vector<std::int64_t>(idx.begin(), idx.end())).to(dev);
       double loss_sum = 0;
       for (std::int64_t b = 0; b < rows.size(0); b += 10) {
         auto batch = rows.narrow(0, b, 10);
@@ -31,8 +45,12 @@ int main(int argc, char** argv) {
     return model->weight.item<double>();  // every rank's, gathered in the result
   };
 
-  cohort::trainer trainer{train, cohort::scaling::cpu{.num_workers = 2}, cohort::sharding::shuffled{.seed = 42}};
-  auto result = trainer.fit(nlohmann::json{{"lr", 0.1}, {"epochs", 20}}, run);
+  auto fit_on = [&](auto scaling) {
+    cohort::trainer trainer{train, scaling, cohort::sharding::shuffled{.seed = 42}};
+    return trainer.fit(nlohmann::json{{"lr", 0.1}, {"epochs", 20}}, run);
+  };
+  auto result = device == "cuda" ? fit_on(cohort::scaling::cuda{.num_workers = workers})
+                                 : fit_on(cohort::scaling::cpu{.num_workers = workers});
   if (!result.ok()) return 1;
   if (MPI_Comm_rank(MPI_COMM_WORLD, &argc) == MPI_SUCCESS && argc == 0)
     std::cout << "weight on each rank: " << nlohmann::json(result.return_values).dump() << "\n"

@@ -1,10 +1,13 @@
 // Tuning the reference Fashion-MNIST CNN with ASHA inside one MPI job:
 //   mpirun -np 2 ./tune_fashion_mnist [--data DIR] [--samples N] [--max-epochs N] [--max-train N]
 //                                     [--budget-s S] [--storage DIR] [--name NAME] [--min-spread D]
+//                                     [--device cpu|cuda]
 // Each rank runs one trial at a time (ranks_per_trial 1), so two trials train side by side; ASHA
 // stops the poor ones after 1 and 3 epochs. Searched: learning rate, momentum, batch size. Rank 0
 // prints a status table every 30 s and, last, the best trial's config and metrics as one JSON line.
-// Rerunning with the same --name resumes an interrupted experiment.
+// Rerunning with the same --name resumes an interrupted experiment. With --device cuda every trial
+// trains on a GPU of its own (scaling::cuda: trials side by side on a node get disjoint GPUs, as
+// Ray's resources_per_trial={"gpu": 1}); start as many ranks per node as it has GPUs.
 
 #include <cohort/cohort.hpp>
 #include <cohort/tuning/tuner.hpp>
@@ -35,6 +38,7 @@ int main(int argc, char** argv) {
   double budget_s = 780;  // running trials stop at their next report after it: the whole run stays under 15 minutes
   cohort::run_config run{.name = "", .storage_path = "cohort_results", .verbose = 1};
   double min_spread = -std::numeric_limits<double>::infinity();  // --min-spread: see finish_tuning
+  std::string device = "cpu";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--data") data_dir = value;
@@ -45,9 +49,10 @@ int main(int argc, char** argv) {
     else if (flag == "--storage") run.storage_path = value;
     else if (flag == "--name") run.name = value;
     else if (flag == "--min-spread") min_spread = std::stod(value);
+    else if (flag == "--device" && (value == "cpu" || value == "cuda")) device = value;
     else {
       std::cerr << "unknown flag " << flag
-                << ": use --data, --samples, --max-epochs, --max-train, --budget-s, --storage, --name or --min-spread\n";
+                << ": use --data, --samples, --max-epochs, --max-train, --budget-s, --storage, --name, --min-spread or --device cpu|cuda\n";
       return 2;
     }
   }
@@ -87,17 +92,20 @@ int main(int argc, char** argv) {
     }
   };
 
-  cohort::tuner tuner{cohort::trainer{train, cohort::datasets{{"train", train_set}}, cohort::sharding::shuffled{.seed = 42},
-                                      cohort::checkpointing::keep_last{.num_to_keep = 1}},
-                      cohort::search::random{.seed = 7},
-                      cohort::schedule::asha{.max_t = static_cast<double>(max_epochs), .grace_period = 1, .reduction_factor = 3},
-                      cohort::stop::time_budget{.time_budget_s = budget_s},
-                      cohort::tune_config{.metric = "test_accuracy", .mode = cohort::max, .num_samples = samples,
-                                          .ranks_per_trial = 1, .status_interval_s = 30}};
-  auto grid = tuner.fit(cohort::space{{"lr", cohort::loguniform(0.01, 0.2)},
-                                      {"momentum", cohort::uniform(0.8, 0.95)},
-                                      {"batch_size", cohort::choice({32, 64, 128})},
-                                      {"max_epochs", max_epochs}},
-                        run);
+  auto tune_on = [&](auto scaling) {
+    cohort::tuner tuner{cohort::trainer{train, cohort::datasets{{"train", train_set}}, scaling, cohort::sharding::shuffled{.seed = 42},
+                                        cohort::checkpointing::keep_last{.num_to_keep = 1}},
+                        cohort::search::random{.seed = 7},
+                        cohort::schedule::asha{.max_t = static_cast<double>(max_epochs), .grace_period = 1, .reduction_factor = 3},
+                        cohort::stop::time_budget{.time_budget_s = budget_s},
+                        cohort::tune_config{.metric = "test_accuracy", .mode = cohort::max, .num_samples = samples,
+                                            .ranks_per_trial = 1, .status_interval_s = 30}};
+    return tuner.fit(cohort::space{{"lr", cohort::loguniform(0.01, 0.2)},
+                                   {"momentum", cohort::uniform(0.8, 0.95)},
+                                   {"batch_size", cohort::choice({32, 64, 128})},
+                                   {"max_epochs", max_epochs}},
+                     run);
+  };
+  auto grid = device == "cuda" ? tune_on(cohort::scaling::cuda{}) : tune_on(cohort::scaling::cpu{});
   return finish_tuning(grid, min_spread);  // 75 when preempted: rerun with the same --name to resume
 }

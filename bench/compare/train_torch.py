@@ -4,14 +4,27 @@ data files and normalisation, batch per rank, SGD lr 0.05 momentum 0.9, epochs, 
 10 warm-up steps left out of the rate), in one of three ways:
 
   python train_torch.py plain ...               one process, no DDP: the Python baseline
-  torchrun --nproc-per-node N train_torch.py ddp ...   PyTorch DDP over gloo
+  torchrun --nproc-per-node N train_torch.py ddp ...   PyTorch DDP over gloo (NCCL with --device cuda)
   python train_torch.py ray --workers N ...     Ray Train's TorchTrainer (DDP over gloo inside)
 
 Rank 0 prints the same JSON lines as the C++ side:
   {"event":"first_step","wall_s":...}   wall clock (Unix seconds) when the first step ended
-  {"event":"done","steady_samples_per_s":...,"test_accuracy":...,"ranks":...,"torch":"..."}
+  {"event":"done","steady_samples_per_s":...,"test_accuracy":...,"ranks":...,"torch":"...",
+   "epoch_s":...,"device":"..."}
+epoch_s is the mean wall time of a whole epoch (data loading included), over the epochs after the
+first when there are at least 2, else the one epoch's.
 The loop is what a PyTorch user writes: a TensorDataset, a DataLoader with a DistributedSampler
 (shuffled per epoch with set_epoch), DistributedDataParallel.
+
+--device cuda (plain and ddp) trains on the GPU (ddp: cuda:LOCAL_RANK, over NCCL): the model on the
+device, each batch made by the DataLoader on the CPU in pinned memory and copied with
+non_blocking=True; the clock is read after a device synchronisation where it is read for a figure
+(the first step, the end of the warm-up, the end of each epoch), so the steps between queue freely.
+examples/fashion_mnist.cpp's defaults (lr 0.05, momentum 0.9, batch 64 per rank, 4 epochs, all
+60,000 training images) are --epochs 4 (with the other defaults); add --like-fit-loop to also do what
+its cohort::fit_loop does besides the steps: read each step's loss and correct count back
+(.item()) and score the test set (this rank's slice, batches of 128) after every epoch, in the
+epoch's time. The data folder: --data, else $FASHION_MNIST_DIR, else the Debian package's.
 """
 import argparse
 import gzip
@@ -68,11 +81,14 @@ def load(data_dir, split, max_n=0):
 
 
 def accuracy(net, x, y):
+    """The share of (x, y) the net classifies right, in batches of 128 moved to the net's device
+    (the set stays on the CPU, as the C++ side's count_correct)."""
     net.eval()
+    device = next(net.parameters()).device
     correct = 0
     with torch.no_grad():
         for b in range(0, x.shape[0], 128):  # the C++ side's evaluation batch
-            correct += (net(x[b:b + 128]).argmax(1) == y[b:b + 128]).sum().item()
+            correct += (net(x[b:b + 128].to(device)).argmax(1) == y[b:b + 128].to(device)).sum().item()
     return correct / x.shape[0]
 
 
@@ -80,26 +96,47 @@ def emit(event):
     print(json.dumps(event), flush=True)
 
 
-def train_loop(cfg, rank, world, wrap_model, wrap_loader, report=None):
-    """The loop every variant runs; wrap_model/wrap_loader add DDP and the sampler."""
+def train_loop(cfg, rank, world, wrap_model, wrap_loader, report=None, device=torch.device("cpu")):
+    """The loop every variant runs; wrap_model/wrap_loader add DDP and the sampler (and
+    wrap_model receives the model already on `device`)."""
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(0)
     x, y = load(cfg["data"], "train", cfg["max_train"])
     dataset = torch.utils.data.TensorDataset(x, y)
     loader = wrap_loader(dataset, cfg["batch"])
-    net = wrap_model(FashionNet())
-    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    net = wrap_model(FashionNet().to(device))
+    opt = torch.optim.SGD(net.parameters(), lr=cfg.get("lr", 0.05), momentum=0.9)
+    on_gpu = device.type == "cuda"
+    like_fit_loop = cfg.get("like_fit_loop", False)
+    if like_fit_loop:  # this rank's slice of the test set, scored after every epoch as fit_loop validates
+        tx, ty = load(cfg["data"], "t10k")
+        per = (tx.shape[0] + world - 1) // world
+        tx, ty = tx[rank * per:(rank + 1) * per], ty[rank * per:(rank + 1) * per]
     steps, steady_start, steady_s = 0, 0.0, 0.0
+    epoch_s = []
     for epoch in range(cfg["epochs"]):
+        epoch_start = time.perf_counter()
         if hasattr(loader, "sampler") and hasattr(loader.sampler, "set_epoch"):
             loader.sampler.set_epoch(epoch)
         net.train()
         for xb, yb in loader:
+            if on_gpu:  # the loader pinned the batch: the copies queue behind the previous step
+                xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
             opt.zero_grad()
-            F.cross_entropy(net(xb), yb).backward()
-            opt.step()
+            if like_fit_loop:  # fit_loop's per-step metrics: the loss and the correct count, read back
+                out = net(xb)
+                loss = F.cross_entropy(out, yb)
+                loss.backward()
+                opt.step()
+                loss.item()
+                (out.argmax(1) == yb).sum().item()
+            else:
+                F.cross_entropy(net(xb), yb).backward()
+                opt.step()
             steps += 1
             if rank == 0:
+                if on_gpu and steps in (1, cfg["warmup_steps"]):
+                    torch.cuda.synchronize()  # these two times are read as the GPU's, not the queue's
                 now = time.perf_counter()
                 if steps == 1:
                     emit({"event": "first_step", "wall_s": time.time()})
@@ -107,6 +144,13 @@ def train_loop(cfg, rank, world, wrap_model, wrap_loader, report=None):
                     steady_start = now
                 if steps > cfg["warmup_steps"]:
                     steady_s = now - steady_start
+        if on_gpu:
+            torch.cuda.synchronize()  # the epoch's queued steps are done: the steady time ends here
+            if rank == 0 and steps > cfg["warmup_steps"]:
+                steady_s = time.perf_counter() - steady_start
+        if like_fit_loop:  # the module itself: DDP's forward is for training steps (every rank alike)
+            accuracy(net.module if hasattr(net, "module") else net, tx, ty)
+        epoch_s.append(time.perf_counter() - epoch_start)  # nothing left queued on a GPU (synchronised above)
         if report:
             report({"epoch": epoch})
     if rank == 0:
@@ -114,26 +158,49 @@ def train_loop(cfg, rank, world, wrap_model, wrap_loader, report=None):
         model = net.module if hasattr(net, "module") else net
         counted = steps - cfg["warmup_steps"]
         rate = counted * cfg["batch"] * world / steady_s if counted > 0 and steady_s > 0 else 0.0
+        later = epoch_s[1:] or epoch_s  # the first epoch also pays first-touch costs: left out when there are more
         emit({"event": "done", "steady_samples_per_s": round(rate, 3), "test_accuracy": round(accuracy(model, tx, ty), 4),
-              "ranks": world, "steps_per_rank": steps, "torch": torch.__version__})
+              "ranks": world, "steps_per_rank": steps, "torch": torch.__version__,
+              "epoch_s": round(sum(later) / len(later), 4) if later else 0.0, "device": str(device)})
+
+
+def cuda_device(index):
+    if not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda: no GPU is visible to torch")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def plain(cfg):
+    device = cuda_device(0) if cfg["device"] == "cuda" else torch.device("cpu")
+    pin = device.type == "cuda"  # batches in pinned memory, for asynchronous copies to the GPU
+
     def loader(dataset, batch):
+        if pin:
+            return torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True, pin_memory=True)
         return torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True)
-    train_loop(cfg, 0, 1, lambda net: net, loader)
+    train_loop(cfg, 0, 1, lambda net: net, loader, device=device)
 
 
 def ddp(cfg):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    dist.init_process_group("gloo")
+    if cfg["device"] == "cuda":  # one GPU per rank, NCCL between them
+        device = cuda_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+        wrap = lambda net: DistributedDataParallel(net, device_ids=[device.index])  # noqa: E731
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+        wrap = DistributedDataParallel
     rank, world = dist.get_rank(), dist.get_world_size()
 
     def loader(dataset, batch):
         sampler = torch.utils.data.distributed.DistributedSampler(dataset, shuffle=True, seed=42, drop_last=True)
+        if device.type == "cuda":
+            return torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True, pin_memory=True)
         return torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True)
-    train_loop(cfg, rank, world, DistributedDataParallel, loader)
+    train_loop(cfg, rank, world, wrap, loader, device=device)
     dist.destroy_process_group()
 
 
@@ -164,19 +231,27 @@ def ray_main(cfg, workers, storage):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", choices=["plain", "ddp", "ray"])
-    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--data", default=os.environ.get("FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist"))
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--max-train", type=int, default=0)
     p.add_argument("--batch", type=int, default=64, help="per rank")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
     p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: cores / ranks on the node)")
     p.add_argument("--workers", type=int, default=1, help="ray: the number of training workers")
     p.add_argument("--storage", default=os.path.abspath("compare_runs"), help="ray: RunConfig.storage_path")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="plain and ddp: where the model trains")
+    p.add_argument("--like-fit-loop", action="store_true",
+                   help="also read each step's loss and correct count back and score the test set every epoch, "
+                        "as cohort::fit_loop (examples/fashion_mnist.cpp) does")
     a = p.parse_args()
+    if a.device == "cuda" and a.mode == "ray":
+        raise SystemExit("error: --device cuda is for plain and ddp (ray runs its workers on the CPU)")
     world = {"plain": 1, "ddp": int(os.environ.get("WORLD_SIZE", "1")), "ray": a.workers}[a.mode]
     threads = a.threads or max(1, (os.cpu_count() or 1) // world)
     cfg = {"data": a.data, "epochs": a.epochs, "max_train": a.max_train, "batch": a.batch,
-           "warmup_steps": a.warmup_steps, "threads": threads}
+           "warmup_steps": a.warmup_steps, "threads": threads, "lr": a.lr, "device": a.device,
+           "like_fit_loop": a.like_fit_loop}
     if a.mode == "plain":
         plain(cfg)
     elif a.mode == "ddp":
