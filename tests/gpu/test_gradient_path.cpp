@@ -13,7 +13,11 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <thread>
 
 #include "../catch.hpp"
 
@@ -183,8 +187,9 @@ namespace {
 
 struct loop_config {
   double lr = 0.1;
+  std::int64_t epochs = 3;
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(loop_config, lr)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(loop_config, lr, epochs)
 
 /// 8 features labelled by a fixed linear teacher, on the CPU (the loader pins and copies them).
 cohort::tensor_dataset teacher_data(std::int64_t n, std::uint64_t seed) {
@@ -193,6 +198,15 @@ cohort::tensor_dataset teacher_data(std::int64_t n, std::uint64_t seed) {
   torch::manual_seed(seed);
   auto x = torch::randn({n, 8});
   return {x, x.matmul(teacher).argmax(1)};
+}
+
+/// 8 -> 16 (ReLU) -> 3, the same initial weights on every call.
+torch::nn::Sequential make_small_net() {
+  torch::manual_seed(0);
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+}
+torch::optim::SGD make_small_sgd(std::vector<torch::Tensor> params, loop_config const& c) {
+  return torch::optim::SGD(params, torch::optim::SGDOptions(c.lr).momentum(0.9));
 }
 
 /// The weights of `run`'s latest checkpoint, loaded into a CPU model, flattened.
@@ -213,13 +227,8 @@ TEST_CASE("fit_loop on scaling::cuda trains on the GPU to the weights it reaches
   // ordered before the step or a pinned buffer reused too early (other weights), validation and
   // metric sums that break on CUDA tensors, and a checkpoint of CUDA tensors that a CPU model
   // cannot load.
-  auto make_net = [] {
-    torch::manual_seed(0);
-    return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
-  };
-  auto make_sgd = [](std::vector<torch::Tensor> params, loop_config const& c) {
-    return torch::optim::SGD(params, torch::optim::SGDOptions(c.lr).momentum(0.9));
-  };
+  auto const make_net = make_small_net;
+  auto const make_sgd = make_small_sgd;
   cohort::fit_options const options{.batch_size = 4, .epochs = 3, .prefetch_batches = 2, .validation = "val"};
   cohort::datasets const data{{"train", teacher_data(96, 1)}, {"val", teacher_data(30, 2)}};
   std::filesystem::remove_all("/tmp/cohort-gpu-tests/fit_loop_cuda");
@@ -239,4 +248,88 @@ TEST_CASE("fit_loop on scaling::cuda trains on the GPU to the weights it reaches
   auto const gpu_weights = checkpoint_weights(on_gpu, make_net), cpu_weights = checkpoint_weights(on_cpu, make_net);
   INFO("largest difference " << (gpu_weights - cpu_weights).abs().max().item<double>());
   CHECK(torch::allclose(gpu_weights, cpu_weights, 1e-4, 1e-5));  // float32 on both, sums in another order
+}
+
+TEST_CASE("fit_loop on scaling::cuda in float16 scales the loss, skips the steps that overflow, and resumes with its scale", "[gpu][torch]") {
+  // Catches: the default loop's float16 path not scaling (small gradients flushed, or no skip
+  // where 2^24 times the loss's gradient overflows float16), a step taken on inf gradients (the
+  // weights turn inf or NaN), clipping of the scaled gradients, a resumed run that forgets its
+  // scale (it would start again from 2^24 and skip again).
+  auto options = [](loop_config const& c) {
+    return cohort::fit_options{.batch_size = 4, .epochs = c.epochs, .validation = "val",
+                               .precision = cohort::mixed_precision::float16,
+                               .loss_scaling = cohort::grad_scaler_options{.init_scale = 0x1p24, .growth_interval = 1000},
+                               .max_grad_norm = 5.0};
+  };
+  cohort::datasets const data{{"train", teacher_data(96, 1)}, {"val", teacher_data(30, 2)}};
+  std::filesystem::remove_all("/tmp/cohort-gpu-tests/fit_loop_half");
+  auto fit = [&](std::int64_t epochs) {
+    return cohort::trainer{cohort::fit_loop{make_small_net, make_small_sgd, torch::nn::CrossEntropyLoss(), options}, data,
+                           cohort::sharding::shuffled{.seed = 7}, cohort::scaling::cuda{}}
+        .fit(loop_config{.epochs = epochs}, {.name = "fit_loop_half", .storage_path = "/tmp/cohort-gpu-tests", .verbose = 0});
+  };
+  auto first = fit(2);
+  REQUIRE(first.ok());
+  REQUIRE(first.metrics_history.size() == 2);
+  auto const& e0 = first.metrics_history.front();
+  INFO(e0.dump());
+  CHECK(e0.at("train_skipped_steps").get<std::int64_t>() >= 1);
+  CHECK(e0.at("train_skipped_steps").get<std::int64_t>() <= 20);
+  CHECK(first.metrics.at("loss_scale").get<double>() < 0x1p24);
+  auto rest = fit(4);  // the same run name: resumes after epoch 1
+  REQUIRE(rest.ok());
+  REQUIRE(rest.metrics_history.size() == 4);
+  INFO(rest.metrics_history.at(2).dump());
+  CHECK(rest.metrics_history.at(2).at("train_skipped_steps") == 0);
+  CHECK(rest.metrics_history.at(2).at("loss_scale").get<double>() <= first.metrics.at("loss_scale").get<double>());
+  CHECK(rest.metrics.at("train_loss").get<double>() < e0.at("train_loss").get<double>());
+  CHECK(std::isfinite(rest.metrics.at("val_loss").get<double>()));
+  CHECK(torch::isfinite(checkpoint_weights(rest, make_small_net)).all().item<bool>());
+}
+
+TEST_CASE("a gradient all-reduce that cannot start ends the run with the collective's error within its deadline", "[gpu][torch]") {
+  // What a one-GPU job can show of the never-hang rule: the NCCL gradient path forced on over a
+  // one-rank communicator, LibTorch's current stream held (as if a peer never came), a 500 ms
+  // collective deadline. Catches a watchdog that never fires or a training thread that never
+  // hears of it: the run would end only when the stream is opened (after 3 s), without an error.
+  std::atomic<bool> open{false};
+  auto const t0 = std::chrono::steady_clock::now();
+  auto r = cohort::trainer{[&](cohort::context& ctx) {
+             torch::manual_seed(3);
+             auto net = std::make_shared<mlp>();
+             net->to(torch::kCUDA);
+             cohort::detail::gradient_reducer reducer(
+                 ctx.comm(), net->parameters(), cohort::model_options{}, cohort::reduce_on::training_thread,
+                 cohort::detail::make_device_buckets(ctx.comm(), current_device(), ctx.collective_timeout_ms()));
+             torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01));
+             auto x = torch::randn({32, 64}, torch::kCUDA);
+             auto y = torch::randint(0, 10, {32}, torch::TensorOptions(torch::kCUDA).dtype(torch::kLong));
+             auto step = [&] {
+               opt.zero_grad();
+               torch::nn::functional::cross_entropy(net->forward(x), y).backward();
+               opt.step();
+             };
+             step();
+             torch::cuda::synchronize();  // one good step first
+             auto const stream = cohort::detail::current_cuda_stream(current_device());
+             REQUIRE(cudaLaunchHostFunc(stream, [](void* o) { while (!static_cast<std::atomic<bool>*>(o)->load()) {} }, &open) ==
+                     cudaSuccess);
+             // Opened after 3 s whatever happens, so that a path that never gives up ends (and fails below).
+             std::jthread opener([&open] {
+               std::this_thread::sleep_for(std::chrono::seconds(3));
+               open = true;
+             });
+             for (auto const end = std::chrono::steady_clock::now() + std::chrono::seconds(5); std::chrono::steady_clock::now() < end;) {
+               step();
+               std::this_thread::sleep_for(std::chrono::milliseconds(20));
+             }
+           },
+           cohort::scaling::cuda{}}
+               .fit(nlohmann::json::object(), {.name = "gpu_held_stream", .storage_path = "/tmp/cohort-gpu-tests", .verbose = 0,
+                                               .collective_timeout_ms = 500});
+  auto const took = std::chrono::steady_clock::now() - t0;
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(*r.error, contains_text("gradient all-reduce"));
+  CHECK_THAT(*r.error, contains_text("did not complete within 500 ms"));
+  CHECK(took < std::chrono::milliseconds(500) + std::chrono::seconds(10));
 }
