@@ -1,7 +1,7 @@
 // Step time through cohort vs a plain LibTorch loop on the same model, in the same process with
 // the same settings (TF32 matmuls on), on one GPU (the GPU issue's benchmark; scripts/gpu-check
 // runs it):
-//   ./bench_gpu_step [--models small,large,transformer] [--rounds R] [--steps S]
+//   ./bench_gpu_step [--models small,large,transformer] [--rounds R] [--steps S] [--device auto|cpu|cuda]
 // Each model is trained three ways, in alternated rounds of S steps (so drift hits all alike; each
 // way goes first in turn):
 //   plain        a hand-written loop: zero_grad, forward, loss, backward, SGD step
@@ -70,6 +70,7 @@ struct transformerImpl : torch::nn::Module {
 TORCH_MODULE(transformer);
 
 struct options {
+  std::string device = "auto";  ///< auto: CUDA where LibTorch sees a GPU
   std::vector<std::string> models;
   int rounds = 15;
   int steps = 0;  ///< per round; 0: the model's default
@@ -193,7 +194,7 @@ nlohmann::json measure(cohort::context& ctx, std::string const& name, std::funct
   return out;
 }
 
-options parse(int argc, char** argv, bool gpu) {
+options parse(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -208,11 +209,14 @@ options parse(int argc, char** argv, bool gpu) {
       o.rounds = std::stoi(value());
     } else if (a == "--steps") {
       o.steps = std::stoi(value());
+    } else if (a == "--device") {
+      o.device = value();
+      if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
+        throw cohort::error("--device " + o.device + ": use auto, cpu or cuda");
     } else {
-      throw cohort::error("unknown argument " + a + ": use --models small,large,transformer --rounds R --steps S");
+      throw cohort::error("unknown argument " + a + ": use --models small,large,transformer --rounds R --steps S --device auto|cpu|cuda");
     }
   }
-  if (o.models.empty()) o.models = gpu ? std::vector<std::string>{"small", "large", "transformer"} : std::vector<std::string>{"small"};
   return o;
 }
 
@@ -220,8 +224,9 @@ options parse(int argc, char** argv, bool gpu) {
 
 int main(int argc, char** argv) {
   cohort::environment env{argc, argv};
-  bool const gpu = torch::cuda::is_available();
-  auto const opts = parse(argc, argv, gpu);
+  auto opts = parse(argc, argv);
+  bool const gpu = opts.device == "cuda" || (opts.device == "auto" && torch::cuda::is_available());
+  if (opts.models.empty()) opts.models = gpu ? std::vector<std::string>{"small", "large", "transformer"} : std::vector<std::string>{"small"};
   at::globalContext().setFloat32MatmulPrecision("high");  // TF32 matmuls, for both sides
   auto body = [&](cohort::context& ctx) {
     for (auto const& m : opts.models) {

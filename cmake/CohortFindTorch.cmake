@@ -125,7 +125,16 @@ function(cohort_find_torch)
   add_library(cohort::libtorch INTERFACE IMPORTED)
   set(runtime_first "")
   if(CMAKE_SYSTEM_NAME STREQUAL "Linux" AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
-    set(runtime_first "-Wl,--push-state,--no-as-needed,-lstdc++,--pop-state")
+    # The file itself, not -lstdc++: on Ubuntu 24.04 (GCC 13, binutils 2.42) -lstdc++ there left
+    # the shared runtime out of the first places and std::filesystem in the executable.
+    execute_process(COMMAND "${CMAKE_CXX_COMPILER}" -print-file-name=libstdc++.so.6 OUTPUT_VARIABLE runtime
+                    OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
+    if(rc EQUAL 0 AND IS_ABSOLUTE "${runtime}" AND EXISTS "${runtime}")
+      get_filename_component(runtime "${runtime}" ABSOLUTE)
+    else()
+      set(runtime "-lstdc++")
+    endif()
+    set(runtime_first "-Wl,--push-state,--no-as-needed,${runtime},--pop-state")
   endif()
   set_target_properties(cohort::libtorch PROPERTIES COHORT_TORCH_DIR "${dir}" COHORT_TORCH_VERSION "${version}"
                                                  COHORT_TORCH_WITH_CUDA ${with_cuda})
@@ -159,12 +168,12 @@ function(cohort_find_torch)
   # PyPI's wheels link parts of libstdc++ statically and export them (std::filesystem among them,
   # pytorch/pytorch#133437). Listed after libtorch, the C++ runtime loses to those copies for every
   # library in the process, and the 2.11 CUDA wheel's std::filesystem::remove_all calls address 0.
-  # The runtime is named twice ahead of LibTorch: as an option (before the objects, so ahead of
-  # every library) and as the first item of the library list, right before LibTorch's libraries,
-  # where it holds whatever the linker and CMake do with options (one toolchain left the option
-  # alone without effect). cohort/torch/runtime_binding.hpp warns at run time where neither took.
-  if(CMAKE_SYSTEM_NAME STREQUAL "Linux" AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
-    target_link_options(cohort::libtorch INTERFACE "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
+  # The runtime's file is named twice ahead of LibTorch, outside --as-needed: as an option (before
+  # the objects, so ahead of every library) and as the first item of the library list, right
+  # before LibTorch's libraries, where it holds whatever CMake does with options.
+  # cohort/torch/runtime_binding.hpp warns at run time where neither took.
+  if(runtime_first)
+    target_link_options(cohort::libtorch INTERFACE "SHELL:${runtime_first}")
   endif()
   add_library(cohort::torch INTERFACE IMPORTED)
   target_link_libraries(cohort::torch INTERFACE cohort::cohort cohort::libtorch)

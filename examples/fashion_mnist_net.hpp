@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -127,8 +128,12 @@ inline double mean_epoch_seconds(std::vector<nlohmann::json> const& history) {
   return n > 0 ? sum / n : 0.0;
 }
 
-/// Where the Debian package dataset-fashion-mnist puts the files; --data names another folder.
-inline std::string const default_fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
+/// Where the Fashion-MNIST files are unless --data says: $FASHION_MNIST_DIR where set (a copy
+/// elsewhere), else where the Debian package dataset-fashion-mnist puts them.
+inline std::string const default_fashion_mnist_dir = [] {
+  char const* d = std::getenv("FASHION_MNIST_DIR");
+  return std::string(d && *d ? d : "/usr/share/datasets/fashion-mnist");
+}();
 
 /// The command line of the two Fashion-MNIST programs (fashion_mnist.cpp on fit_loop,
 /// fashion_mnist_manual.cpp by hand):

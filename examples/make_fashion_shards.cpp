@@ -9,12 +9,14 @@
 #include <cohort/data/shard_writer.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <span>
 #include <string>
 
 int main(int argc, char** argv) {
-  std::string data = "/usr/share/datasets/fashion-mnist", out = "fashion_shards", split = "train";
+  char const* env = std::getenv("FASHION_MNIST_DIR");  // a copy elsewhere; --data says otherwise
+  std::string data = env && *env ? env : "/usr/share/datasets/fashion-mnist", out = "fashion_shards", split = "train";
   std::size_t per_shard = 2000, max = 0;
   for (int i = 1; i < argc; i += 2) {
     std::string const flag = argv[i];

@@ -109,28 +109,32 @@ struct nccl_state {
       ncclResult_t async = ncclSuccess;
       check_nccl(ncclCommGetAsyncError(live(), &async), "ncclCommGetAsyncError");
       if (async != ncclSuccess && async != ncclInProgress) {
-        abort();
+        abort(std::string("NCCL ") + what + ": " + ncclGetErrorString(async));
         check_nccl(async, what);
       }
       if (options.timeout_ms > 0 && std::chrono::steady_clock::now() > deadline) {
-        abort();
-        throw cohort::error(std::string("NCCL ") + what + " did not complete within " + std::to_string(options.timeout_ms) +
-                            " ms" + position_suffix(detail::position()()) +
-                            ": another rank is stopped, dead, unreachable or on another code path (check every rank's "
-                            "log), or the step is slower than the deadline (raise run_config.collective_timeout_ms): "
-                            "the NCCL communicator was aborted");
+        std::string const message =
+            std::string("NCCL ") + what + " did not complete within " + std::to_string(options.timeout_ms) + " ms" +
+            position_suffix(detail::position()()) +
+            ": another rank is stopped, dead, unreachable or on another code path (check every rank's log), or the "
+            "step is slower than the deadline (raise run_config.collective_timeout_ms): the NCCL communicator was aborted";
+        abort(message);
+        throw cohort::error(message);
       }
       if (poll.count() > 0) std::this_thread::sleep_for(poll);
       else if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
-  /// The communicator; throws once it was aborted.
+  /// The communicator; throws once it was aborted, naming why (a call on another thread may be
+  /// the first to hear of it: the training thread, after the watchdog's abort).
   ncclComm_t live() const {
     ncclComm_t c = comm.load();
-    if (!c)
-      throw cohort::error("this NCCL communicator was aborted after an earlier error or timeout: "
-                          "stop the run (every rank saw the error) and restart it from its checkpoint");
+    if (!c) {
+      std::lock_guard lock(reason_mutex);
+      throw cohort::error("this NCCL communicator was aborted (" + (reason.empty() ? std::string("an earlier error or timeout") : reason) +
+                          "): stop the run (every rank saw the error) and restart it from its checkpoint");
+    }
     return c;
   }
 
@@ -145,10 +149,16 @@ struct nccl_state {
   /// Aborts the communicator (once, whichever thread gets here first): its kernels in flight
   /// return, and later calls throw. Waits up to 10 s for a call in progress on another thread;
   /// one stuck inside NCCL longer than that is what ncclCommAbort exists to release.
-  void abort() {
+  void abort(std::string const& why = {}) {
+    {
+      std::lock_guard lock(reason_mutex);  // before the handle goes: a call that finds it gone finds the reason
+      if (reason.empty()) reason = why;
+    }
     std::unique_lock lock(use, std::chrono::seconds(10));
     if (ncclComm_t c = comm.exchange(nullptr)) ncclCommAbort(c);
   }
+  mutable std::mutex reason_mutex;
+  std::string reason;  ///< why it was aborted (the first reason given)
 };
 
 }  // namespace detail
