@@ -1,6 +1,5 @@
 // Step time through cohort vs a plain LibTorch loop on the same model, in the same process with
-// the same settings (TF32 matmuls on), on one GPU (the GPU issue's benchmark; scripts/gpu-check
-// runs it):
+// the same settings (TF32 matmuls on), on one GPU (scripts/gpu-check runs it):
 //   ./bench_gpu_step [--models small,large,transformer] [--rounds R] [--steps S] [--device auto|cpu|cuda]
 // Each model is trained three ways, in alternated rounds of S steps (so drift hits all alike; each
 // way goes first in turn):

@@ -1,7 +1,7 @@
 // Projected step time, exposed communication and scaling efficiency of data-parallel training on
 // 8 to 1024 H100s (8 per node), from the scaling model (cohort/scaling/projection.hpp,
-// docs/scaling-model.md), for the three benchmark models of the scaling issue. Pure arithmetic:
-// no MPI run, no GPU, no Google Benchmark.
+// docs/scaling-model.md), for three reference models (the MLPs of bench/gpu_step.cpp and a
+// GPT-style decoder). Pure arithmetic: no MPI run, no GPU, no Google Benchmark.
 //   ./bench_scaling_model [--mlp-large-step-ms 2.7] [--mlp-large-backward-share 0.52] ...   (--help)
 // Prints, per model, a Markdown table and one JSON line. The single-GPU figures are calibration
 // inputs: until they are measured on the GPU machine and passed as flags, the defaults are
@@ -97,14 +97,14 @@ std::vector<model> benchmark_models() {
     add_linear(m, 1024, 256, 4);
     add_linear(m, 256, 256, 4);
     add_linear(m, 256, 10, 4);
-    // The issue: a plain C++ LibTorch loop ran this model at about 0.75 ms per step on an H100.
+    // The reference: a plain C++ LibTorch loop ran this model at about 0.75 ms per step on an H100.
     // The step is launch-bound (127 MFLOP), so the shares are guessed from operator counts:
     // about 7 in forward, 15 in backward, 18 in the SGD-with-momentum step.
     m.step_ms = 0.75;
     m.backward_share = 0.45;
     m.optimizer_share = 0.30;
-    m.source = "issue figure and estimates, not measured";
-    m.estimate_note = "0.75 ms/step: the issue's figure for a plain C++ LibTorch loop on an H100; backward 45% and "
+    m.source = "reference figure and estimates, not measured";
+    m.estimate_note = "0.75 ms/step: the reference figure for a plain C++ LibTorch loop on an H100; backward 45% and "
                       "optimizer 30% guessed from operator counts (a launch-bound step)";
     models.push_back(std::move(m));
   }
@@ -264,7 +264,7 @@ int main(int argc, char** argv) {
     } else {
       std::string given;
       for (auto const& g : m.given) given += (given.empty() ? "" : ", ") + g;
-      std::printf("%s: %s%s\n", m.source == "estimate, not measured" ? "ESTIMATE, NOT MEASURED" : "ISSUE FIGURE AND ESTIMATES, NOT MEASURED",
+      std::printf("%s: %s%s\n", m.source == "estimate, not measured" ? "ESTIMATE, NOT MEASURED" : "REFERENCE FIGURE AND ESTIMATES, NOT MEASURED",
                   m.estimate_note.c_str(), given.empty() ? "" : ("; given on the command line: " + given).c_str());
     }
     std::printf("\n| GPUs | nodes | all-reduce total (ms) | exposed comm (ms) | step (ms) | efficiency |\n");
