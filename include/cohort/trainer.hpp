@@ -476,6 +476,18 @@ class trainer {
     cohort::detail::set_intra_op_threads(out.threads);
     cohort::detail::warn_if_runtime_shadowed();
 #endif
+    // A binding that costs CPU ranks training threads: said once per process, by each node's first rank.
+    if (auto const& p = scaling::placement();
+        p.known && detail::job_local_rank() == 0 && scaling().device_for(out.topo).kind == device_kind::cpu) {
+      static bool said = false;
+      if (!std::exchange(said, true)) {
+        int world_rank = 0;
+        MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+        auto const w = scaling::binding_warning(world_rank, p.mine, p.node, cores.sharing_ranks,
+                                                std::max(out.topo.local_world_size, detail::job_ranks_on_node()), out.threads);
+        if (!w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
+      }
+    }
     return out;
   }
 

@@ -131,6 +131,28 @@ TEST_CASE("spare cores are the node's cores no local rank is bound to", "[scalin
   CHECK(cohort::scaling::from_bitmap(cohort::scaling::to_bitmap(odd)) == odd);
 }
 
+TEST_CASE("a rank whose binding costs it training threads is told to launch unbound", "[scaling][pure]") {
+  using cohort::scaling::binding_warning;
+  using cohort::scaling::cpu_list;
+  cpu_list const two{0, 1}, eight{0, 1, 2, 3, 4, 5, 6, 7};
+  // mpirun -np 1 on two cores: bound to one, one thread, where unbound it would have two.
+  auto const w = binding_warning(0, {0}, two, 1, 1, 1);
+  CHECK_THAT(w, contains_text("rank 0 is bound to 1 of this node's 2 cores"));
+  CHECK_THAT(w, contains_text("trains on 1 core where unbound it would have 2"));
+  CHECK_THAT(w, contains_text("mpirun --bind-to none"));
+  // mpirun -np 2 on two cores, a core each: that is each rank's share anyway.
+  CHECK(binding_warning(1, {1}, two, 1, 2, 1).empty());
+  // Not bound, or bound to the whole node: nothing to say.
+  CHECK(binding_warning(0, two, two, 1, 1, 2).empty());
+  CHECK(binding_warning(0, {}, two, 1, 1, 2).empty());
+  // Four ranks bound to sockets of four cores, two per socket: two cores each, as unbound.
+  CHECK(binding_warning(2, {4, 5, 6, 7}, eight, 2, 4, 2).empty());
+  // mpirun -np 2 on eight cores: a core each, where unbound each would have four.
+  CHECK_THAT(binding_warning(1, {1}, eight, 1, 2, 1), contains_text("where unbound it would have 4"));
+  // More threads than bound cores (threads_per_worker set): they take turns.
+  CHECK_THAT(binding_warning(0, {0, 1}, eight, 1, 4, 4), contains_text("fewer than its 4 intra-op threads"));
+}
+
 TEST_CASE("background threads run on the node's spare cores, else on the rank's own", "[scaling][mpi]") {
   auto const& p = cohort::scaling::placement();
   REQUIRE(p.known);  // cohort::environment (tests/mpi_main.cpp) found it

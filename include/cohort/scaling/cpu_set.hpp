@@ -167,6 +167,32 @@ struct rank_cores {
   int sharing_ranks = 1;
 };
 
+/// Pure: the one-line warning for a rank whose binding costs it training threads (empty when it
+/// does not): bound to `mine`, `sharing` ranks on those cores, `local_ranks` ranks of the job on
+/// a node of `node` CPUs, given `threads` intra-op threads. It warns when the threads outnumber
+/// the cores it may run on, or when the binding leaves it fewer cores than it would have unbound
+/// (`mpirun -np 1`: Open MPI binds one or two ranks to a core each, and the other cores idle).
+inline std::string binding_warning(int rank, cpu_list const& mine, cpu_list const& node, int sharing, int local_ranks,
+                                   int threads) {
+  if (mine.empty() || node.empty() || mine.size() >= node.size()) return {};  // not bound, or bound to the whole node
+  auto const bound = static_cast<int>(mine.size());
+  auto const all = static_cast<int>(node.size());
+  auto cores = [](int n) { return std::to_string(n) + (n == 1 ? " core" : " cores"); };
+  std::string const where = "cohort: warning: rank " + std::to_string(rank) + " is bound to " + std::to_string(bound) +
+                            " of this node's " + cores(all);
+  if (threads > bound)
+    return where + ", fewer than its " + std::to_string(threads) +
+           " intra-op threads, which then take turns: give it more cores (mpirun --bind-to none, or "
+           "--map-by ppr:<ranks>:node:pe=<cores>) or fewer threads (scaling .threads_per_worker)";
+  auto const bound_share = std::max(1, bound / std::max(1, sharing));
+  auto const unbound_share = std::max(1, all / std::max(1, local_ranks));
+  if (bound_share < unbound_share)
+    return where + " (mpirun binds each rank to a core when it starts two or fewer), so it trains on " + cores(bound_share) +
+           " where unbound it would have " + std::to_string(unbound_share) +
+           ": launch with mpirun --bind-to none (or --map-by ppr:<ranks>:node:pe=<cores>)";
+  return {};
+}
+
 /// This rank's binding and the local ranks bound to any of its cores (unbound ranks: the
 /// node's cores and all of them); `node_cores` and `local_ranks` when the placement is not known.
 inline rank_cores cores_of_this_rank(int node_cores, int local_ranks) {
