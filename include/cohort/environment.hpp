@@ -4,6 +4,9 @@
 
 #include <mpi.h>
 
+#include <array>
+#include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "cohort/comm/deadline.hpp"
@@ -28,6 +31,20 @@ inline int& job_ranks_on_node() {
 inline int& job_local_rank() {
   static int r = 0;
   return r;
+}
+
+/// Open MPI settings cohort's collectives rely on, set before MPI starts where the job does not
+/// set them itself (an OMPI_MCA_ variable; `mpirun --mca NAME VALUE` sets the same variable):
+/// - btl_tcp_links 2: two TCP connections between each pair of ranks on different hosts, over
+///   which Open MPI stripes large messages. Over one connection a 4 MiB all-reduce between 2 hosts
+///   on a 1 Gbit/s link took 68 ms, over two 39 ms (the link's bound: 34 ms); four were no faster,
+///   eight hung Open MPI 4.1 (bench/compare/hosts, docs/benchmarks.md).
+/// Inside one node Open MPI uses shared memory and these do not apply.
+inline constexpr std::array<std::pair<char const*, char const*>, 1> transport_defaults{{{"OMPI_MCA_btl_tcp_links", "2"}}};
+
+/// Sets transport_defaults in this process's environment, leaving any the job set alone.
+inline void set_transport_defaults() {
+  for (auto const& [name, value] : transport_defaults) ::setenv(name, value, 0);
 }
 
 /// Where the ranks of `node` (one node's ranks, a collective over it) are bound: every rank's
@@ -56,6 +73,7 @@ inline bool ensure_mpi(int* argc, char*** argv) {
   int up = 0;
   MPI_Initialized(&up);
   if (up) return false;
+  set_transport_defaults();
   int provided = 0;
   comm::detail::check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
   MPI_Comm node = MPI_COMM_NULL;

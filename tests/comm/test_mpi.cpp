@@ -1,11 +1,14 @@
 #include <cohort/comm/any.hpp>
 #include <cohort/comm/collectives.hpp>
 #include <cohort/comm/mpi.hpp>
+#include <cohort/environment.hpp>
 
 #include <bit>
 #include <cmath>
 #include <limits>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -193,4 +196,35 @@ TEMPLATE_TEST_CASE("mpi reduces bfloat16 and float16 in float32, identically on 
   for (std::size_t i = 0; i < x.size(); ++i) bits[i] = lo[i] = x[i].bits;
   c.allreduce(bits.data(), bits.size(), reduce_op::max);
   CHECK(bits == lo);
+}
+
+TEST_CASE("Open MPI runs with cohort's transport defaults unless the job set its own", "[comm][mpi]") {
+  // cohort::environment (the tests' main) set them before MPI_Init; a job's own value wins.
+  for (auto const& [name, value] : cohort::detail::transport_defaults) {
+    char const* set = std::getenv(name);
+    REQUIRE(set != nullptr);
+    std::string const cvar = std::string(name).substr(std::string_view("OMPI_MCA_").size());
+    // What Open MPI itself uses, through the MPI tool interface.
+    int level = 0, provided = 0;
+    MPI_Query_thread(&level);  // Open MPI lowers MPI's own level to what the tool interface asks for
+    REQUIRE(MPI_T_init_thread(level, &provided) == MPI_SUCCESS);
+    int index = -1;
+    if (MPI_T_cvar_get_index(cvar.c_str(), &index) != MPI_SUCCESS) {
+      MPI_T_finalize();
+      WARN("this MPI has no control variable " << cvar << ": not Open MPI with its TCP transport");
+      continue;
+    }
+    MPI_T_cvar_handle handle;
+    int count = 0;
+    REQUIRE(MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS);
+    int used = 0;
+    REQUIRE(MPI_T_cvar_read(handle, &used) == MPI_SUCCESS);
+    MPI_T_cvar_handle_free(&handle);
+    MPI_T_finalize();
+    int after = 0;
+    MPI_Query_thread(&after);
+    REQUIRE(after == level);
+    CHECK(std::to_string(used) == set);
+    if (std::string_view(set) == value) CHECK(used == std::atoi(value));
+  }
 }

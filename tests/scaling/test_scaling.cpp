@@ -111,6 +111,23 @@ TEST_CASE("CPU lists parse like Linux writes them", "[scaling][pure]") {
   CHECK(parse_cpu_list("a,1").empty());
 }
 
+TEST_CASE("the job's cores are what its launcher may use, within the node", "[scaling][pure]") {
+  using cohort::scaling::cpu_list;
+  using cohort::scaling::allowed_cpus_in_status;
+  std::string const status =
+      "Name:\torted\nCpus_allowed:\t3\nCpus_allowed_list:\t0-1,6\nMems_allowed_list:\t0\n";
+  CHECK(allowed_cpus_in_status(status) == cpu_list{0, 1, 6});
+  CHECK(allowed_cpus_in_status("Cpus_allowed_list:\t5").size() == 1);
+  CHECK(allowed_cpus_in_status("Name:\tsh\n").empty());
+  CHECK(allowed_cpus_in_status("Cpus_allowed_list:\tx\n").empty());
+  // taskset -c 2-3 mpirun ... on an 8-core node: the job has cores 2 and 3, and nothing spare
+  // outside them.
+  cpu_list const node{0, 1, 2, 3, 4, 5, 6, 7};
+  CHECK(cohort::scaling::common_cpus(node, {2, 3}) == cpu_list{2, 3});
+  CHECK(cohort::scaling::common_cpus(node, {9}).empty());
+  CHECK(cohort::scaling::common_cpus({}, node).empty());
+}
+
 TEST_CASE("spare cores are the node's cores no local rank is bound to", "[scaling][pure]") {
   using cohort::scaling::cpu_list;
   cpu_list const node{0, 1, 2, 3, 4, 5, 6, 7};

@@ -8,6 +8,9 @@
 
 #include <mpi.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -146,8 +149,28 @@ inline alarm& job_alarm() {
 /// How long a rank that ends the job waits after raising the alarm, so that the ranks waiting in
 /// collectives print their own line before MPI_Abort takes them down.
 inline constexpr auto alarm_grace = std::chrono::milliseconds(1000);
-/// After this long, a wait polls every 50 us instead of spinning.
+/// After this long, a wait polls every poll_interval instead of spinning. A collective within one
+/// node completes inside it (shared memory: microseconds); one across hosts takes milliseconds,
+/// and a spinning poll would take the core from the backward pass it overlaps and from the
+/// kernel's network stack that carries it (bench/compare/hosts: the CNN across 2 hosts at
+/// 1 Gbit/s, docs/benchmarks.md).
+inline constexpr auto spin_wait = std::chrono::microseconds(50);
+/// How often a wait past spin_wait polls; at 1 Gbit/s 20 us is 2.5 KB, far less than what the
+/// kernel's socket buffers hold, so the transfer does not stall between polls.
+inline constexpr auto poll_interval = std::chrono::microseconds(20);
+/// After this long (another trial group's work, a peer's long evaluation), every 100 us.
 inline constexpr auto long_wait = std::chrono::milliseconds(100);
+inline constexpr auto long_poll_interval = std::chrono::microseconds(100);
+
+/// Sleeps `d` with a timer slack of 1 us on the calling thread (Linux's default, 50 us, would
+/// more than triple a 20 us poll interval).
+inline void precise_sleep(std::chrono::microseconds d) {
+#ifdef __linux__
+  thread_local bool const slack_set = ::prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
+  (void)slack_set;
+#endif
+  std::this_thread::sleep_for(d);
+}
 /// How long a collective waits once the process got SIGTERM or SIGINT before it says where it
 /// waits: mpirun sends SIGTERM to every rank when one dies, and SIGKILL 1 s later.
 inline constexpr auto signal_grace = std::chrono::milliseconds(300);
@@ -191,9 +214,9 @@ inline void wait_all(MPI_Request* requests, int n, collective const& what, int t
     MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE);
     if (done) return;
     auto const now = clock::now();
-    // A long wait (another trial group's work, a peer's long evaluation) polls every 50 us
-    // instead of spinning, leaving the core to whoever works meanwhile.
-    if (now - start > long_wait) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // Past spin_wait (a transfer across hosts, another trial group's work, a peer's long
+    // evaluation), poll every poll_interval, leaving the core to whoever works meanwhile.
+    if (now - start > spin_wait) precise_sleep(now - start > long_wait ? long_poll_interval : poll_interval);
     if (timeout_ms > 0 && now - start > std::chrono::milliseconds(timeout_ms))
       abort_job(timeout_message(world_rank(), what, timeout_ms, position()()));
     if (now < next_alarm_check) continue;

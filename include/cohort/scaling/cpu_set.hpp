@@ -13,6 +13,7 @@
 #include <charconv>
 #include <cstddef>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -21,6 +22,7 @@
 #if defined(__linux__)
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 #endif
 
 namespace cohort::scaling {
@@ -130,16 +132,52 @@ inline cpu_list this_thread_cpus() {
   return first_cpus();
 }
 
+/// Pure: the CPUs of the `Cpus_allowed_list:` line of a /proc/PID/status text; empty when it
+/// has none.
+inline cpu_list allowed_cpus_in_status(std::string_view status) {
+  constexpr std::string_view key = "Cpus_allowed_list:";
+  auto const at = status.find(key);
+  if (at == std::string_view::npos) return {};
+  auto line = status.substr(at + key.size());
+  line = line.substr(0, line.find('\n'));
+  while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+  return parse_cpu_list(line);
+}
+
+/// Pure: the CPUs in both lists.
+inline cpu_list common_cpus(cpu_list const& a, cpu_list const& b) {
+  cpu_list out;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  return out;
+}
+
+/// The CPUs the process that started this one may use (mpirun's daemon, srun's step, a shell),
+/// before any per-rank binding: empty when it cannot be read.
+inline cpu_list launcher_cpus() {
+#if defined(__linux__)
+  std::ifstream in("/proc/" + std::to_string(::getppid()) + "/status");
+  std::string status((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return allowed_cpus_in_status(status);
+#else
+  return {};
+#endif
+}
+
 /// The CPUs of this node the job may use: the cgroup's cpuset (containers, Slurm), else the
-/// online CPUs, else first_cpus().
+/// online CPUs, else first_cpus(); narrowed to the launcher's CPUs (a job started under
+/// `taskset`/`numactl`, or one node's share of a machine) so that no thread leaves what the job
+/// was given.
 inline cpu_list node_cpus() {
+  cpu_list base;
   for (char const* path : {"/sys/fs/cgroup/cpuset.cpus.effective", "/sys/devices/system/cpu/online"}) {
     std::ifstream in(path);
     std::string text;
     if (in && std::getline(in, text))
-      if (auto cpus = parse_cpu_list(text); !cpus.empty()) return cpus;
+      if (base = parse_cpu_list(text); !base.empty()) break;
   }
-  return first_cpus();
+  if (base.empty()) base = first_cpus();
+  auto const given = common_cpus(base, launcher_cpus());
+  return given.empty() ? base : given;
 }
 
 /// Binds the calling thread to `cpus` (Linux; best effort: nothing happens when `cpus` is empty
