@@ -7,21 +7,41 @@
 using cohort::plan_buckets;
 using cohort::tensor_spec;
 
-TEST_CASE("buckets take tensors in reverse order up to the cap", "[torch][bucket][pure]") {
-  std::vector<tensor_spec> t{{40, 0}, {40, 0}, {40, 0}, {40, 0}, {40, 0}};
+TEST_CASE("buckets take tensors in reverse order and close once they hold the cap", "[torch][bucket][pure]") {
+  std::vector<tensor_spec> t{{40, 0}, {40, 0}, {40, 0}, {40, 0}, {40, 0}, {40, 0}};
   auto plan = plan_buckets(t, {.bucket_cap_bytes = 100, .first_bucket_cap_bytes = 50});
   REQUIRE(plan.size() == 3);
-  CHECK(plan[0].tensors == std::vector<std::size_t>{4});     // first bucket: small cap
-  CHECK(plan[1].tensors == std::vector<std::size_t>{3, 2});  // then up to 100 bytes
-  CHECK(plan[2].tensors == std::vector<std::size_t>{1, 0});
-  CHECK(plan[1].bytes == 80);
+  CHECK(plan[0].tensors == std::vector<std::size_t>{5, 4});     // first bucket: 80 >= 50
+  CHECK(plan[1].tensors == std::vector<std::size_t>{3, 2, 1});  // then 120 >= 100
+  CHECK(plan[2].tensors == std::vector<std::size_t>{0});        // the rest, still open at the end
+  CHECK(plan[0].bytes == 80);
+  CHECK(plan[1].bytes == 120);
+  CHECK(plan[2].bytes == 40);
+  // Exactly the cap closes the bucket.
+  auto exact = plan_buckets(t, {.bucket_cap_bytes = 80, .first_bucket_cap_bytes = 40});
+  REQUIRE(exact.size() == 4);
+  CHECK(exact[0].tensors == std::vector<std::size_t>{5});
+  CHECK(exact[1].tensors == std::vector<std::size_t>{4, 3});
 }
 
-TEST_CASE("a tensor larger than the cap gets its own bucket", "[torch][bucket][pure]") {
+TEST_CASE("a large tensor closes the bucket it joins, so its all-reduce starts when it is ready", "[torch][bucket][pure]") {
+  // The reference CNN in order (conv1 w/b, bn1 w/b, conv2 w/b, bn2 w/b, fc1 w/b, fc2 w/b), float32
+  // bytes, DDP's default caps: fc1's 1.6 MB weight closes the first bucket with fc2's and fc1's
+  // bias, and the convolutions, whose backward comes last, share the second.
+  std::vector<tensor_spec> cnn{{1152, 0}, {128, 0}, {128, 0}, {128, 0}, {73728, 0}, {256, 0}, {256, 0},
+                               {256, 0},  {1605632, 0}, {512, 0}, {5120, 0}, {40, 0}};
+  auto plan = plan_buckets(cnn, {});
+  REQUIRE(plan.size() == 2);
+  CHECK(plan[0].tensors == std::vector<std::size_t>{11, 10, 9, 8});
+  CHECK(plan[0].bytes == 40 + 5120 + 512 + 1605632);
+  CHECK(plan[1].tensors == std::vector<std::size_t>{7, 6, 5, 4, 3, 2, 1, 0});
+  // A tensor larger than the cap alone: a bucket of its own.
   std::vector<tensor_spec> t{{10, 0}, {500, 0}, {10, 0}};
-  auto plan = plan_buckets(t, {.bucket_cap_bytes = 100, .first_bucket_cap_bytes = 100});
-  REQUIRE(plan.size() == 3);
-  CHECK(plan[1].tensors == std::vector<std::size_t>{1});
+  auto big = plan_buckets(t, {.bucket_cap_bytes = 100, .first_bucket_cap_bytes = 5});
+  REQUIRE(big.size() == 3);
+  CHECK(big[0].tensors == std::vector<std::size_t>{2});
+  CHECK(big[1].tensors == std::vector<std::size_t>{1});
+  CHECK(big[2].tensors == std::vector<std::size_t>{0});
 }
 
 TEST_CASE("dtypes never share a bucket and every tensor is planned once", "[torch][bucket][pure]") {

@@ -82,7 +82,7 @@ nlohmann::json train_and_compare(cohort::context& ctx, bool accumulate, bool set
   auto expected = reference(ctx.world_size(), accumulate, hidden > 0 ? hidden : 8);
   torch::manual_seed(ctx.world_rank() == 0 ? 3 : 100 + ctx.world_rank());  // the broadcast must fix other ranks
   auto options = hidden > 0 ? cohort::model_options{.reduce_on = where}
-                            : cohort::model_options{.bucket_cap_bytes = 160, .first_bucket_cap_bytes = 40, .reduce_on = where};
+                            : cohort::model_options{.bucket_cap_bytes = 60, .first_bucket_cap_bytes = 20, .reduce_on = where};
   mlp net(hidden > 0 ? hidden : 8);
   net->to(hidden > 0 ? torch::kDouble : torch::kFloat);
   auto model = ctx.prepare_model(net, options);
