@@ -96,6 +96,20 @@ def emit(event):
     print(json.dumps(event), flush=True)
 
 
+class WideMLP(nn.Module):
+    """784 -> 2048 -> 2048 -> 10 with ReLUs (bench/compare/cohort_cnn.cpp's --model mlp): 23 MB of
+    gradients per step, where the all-reduce sets the pace."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(28 * 28, 2048)
+        self.fc2 = nn.Linear(2048, 2048)
+        self.fc3 = nn.Linear(2048, 10)
+
+    def forward(self, x):
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
+
+
 def train_loop(cfg, rank, world, wrap_model, wrap_loader, report=None, device=torch.device("cpu")):
     """The loop every variant runs; wrap_model/wrap_loader add DDP and the sampler (and
     wrap_model receives the model already on `device`)."""
@@ -104,7 +118,7 @@ def train_loop(cfg, rank, world, wrap_model, wrap_loader, report=None, device=to
     x, y = load(cfg["data"], "train", cfg["max_train"])
     dataset = torch.utils.data.TensorDataset(x, y)
     loader = wrap_loader(dataset, cfg["batch"])
-    net = wrap_model(FashionNet().to(device))
+    net = wrap_model((WideMLP if cfg.get("model") == "mlp" else FashionNet)().to(device))
     opt = torch.optim.SGD(net.parameters(), lr=cfg.get("lr", 0.05), momentum=0.9)
     on_gpu = device.type == "cuda"
     like_fit_loop = cfg.get("like_fit_loop", False)
@@ -241,6 +255,7 @@ def main():
     p.add_argument("--workers", type=int, default=1, help="ray: the number of training workers")
     p.add_argument("--storage", default=os.path.abspath("compare_runs"), help="ray: RunConfig.storage_path")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="plain and ddp: where the model trains")
+    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn", help="the reference CNN, or the 23 MB MLP")
     p.add_argument("--like-fit-loop", action="store_true",
                    help="also read each step's loss and correct count back and score the test set every epoch, "
                         "as cohort::fit_loop (examples/fashion_mnist.cpp) does")
@@ -248,10 +263,13 @@ def main():
     if a.device == "cuda" and a.mode == "ray":
         raise SystemExit("error: --device cuda is for plain and ddp (ray runs its workers on the CPU)")
     world = {"plain": 1, "ddp": int(os.environ.get("WORLD_SIZE", "1")), "ray": a.workers}[a.mode]
-    threads = a.threads or max(1, (os.cpu_count() or 1) // world)
+    # The cores this process may use (its affinity: a host's share of a machine), shared by the
+    # ranks on its node (torchrun's LOCAL_WORLD_SIZE), as cohort shares them.
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    threads = a.threads or max(1, len(os.sched_getaffinity(0)) // local)
     cfg = {"data": a.data, "epochs": a.epochs, "max_train": a.max_train, "batch": a.batch,
            "warmup_steps": a.warmup_steps, "threads": threads, "lr": a.lr, "device": a.device,
-           "like_fit_loop": a.like_fit_loop}
+           "like_fit_loop": a.like_fit_loop, "model": a.model}
     if a.mode == "plain":
         plain(cfg)
     elif a.mode == "ddp":
