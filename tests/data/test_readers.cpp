@@ -7,8 +7,11 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <chrono>
 #include <iterator>
+#include <optional>
 #include <set>
+#include <string>
 
 #include <range/v3/range/conversion.hpp>
 
@@ -50,6 +53,82 @@ TEST_CASE("the real Fashion-MNIST IDX files read with their shapes and labels", 
   auto images = cohort::data::read_idx(fashion_dir() / "t10k-images-idx3-ubyte.gz");
   CHECK(images.dims == std::vector<std::int64_t>{10000, 28, 28});
   CHECK(images.data.size() == 10000u * 28 * 28);
+}
+
+/// COHORT_CACHE_DIR set to `dir` (nullptr: unset) for one scope, then as it was.
+struct cache_dir_guard {
+  explicit cache_dir_guard(char const* dir) {
+    if (char const* v = std::getenv("COHORT_CACHE_DIR")) before = v;
+    if (dir) setenv("COHORT_CACHE_DIR", dir, 1);
+    else unsetenv("COHORT_CACHE_DIR");
+  }
+  ~cache_dir_guard() {
+    if (before) setenv("COHORT_CACHE_DIR", before->c_str(), 1);
+    else unsetenv("COHORT_CACHE_DIR");
+  }
+  std::optional<std::string> before;
+};
+
+TEST_CASE("a gzipped IDX file is inflated once and read through its plain copy after", "[data][idx]") {
+  auto const cache = scratch_file("cache");
+  std::filesystem::remove_all(cache);
+  cache_dir_guard guard(cache.c_str());
+  CHECK(cohort::data::idx_cache_dir() == cache / "idx");
+  // A gzipped file of our own: 2 x 3 bytes.
+  auto const gz = scratch_file("six.idx.gz");
+  {
+    auto const plain = idx_bytes({2, 3}, "abcdef");
+    gzFile f = gzopen(gz.c_str(), "wb");
+    REQUIRE(f);
+    REQUIRE(gzwrite(f, plain.data(), static_cast<unsigned>(plain.size())) == static_cast<int>(plain.size()));
+    gzclose(f);
+  }
+  auto const first = cohort::data::read_idx(gz);
+  CHECK(first.dims == std::vector<std::int64_t>{2, 3});
+  std::vector<std::filesystem::path> copies;
+  for (auto const& e : std::filesystem::directory_iterator(cache / "idx")) copies.push_back(e.path());
+  REQUIRE(copies.size() == 1);  // no temporary file left
+  CHECK(copies[0].filename().string().starts_with("six.idx-"));
+  std::ifstream in(copies[0], std::ios::binary);
+  std::string const copy((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(copy == idx_bytes({2, 3}, "abcdef"));  // plain IDX, header and data
+  // The second read takes the copy: a copy changed by hand (same size, still IDX) is what it returns.
+  write_bytes(copies[0], idx_bytes({2, 3}, "uvwxyz"));
+  auto const edited = cohort::data::read_idx(gz);
+  CHECK(std::string(edited.data.begin(), edited.data.end()) == "uvwxyz");
+  // A damaged copy is made again from the gzipped file.
+  write_bytes(copies[0], "PK garbage");
+  auto const again = cohort::data::read_idx(gz);
+  CHECK(std::string(again.data.begin(), again.data.end()) == "abcdef");
+  in.close();
+  std::ifstream remade(copies[0], std::ios::binary);
+  CHECK(std::string((std::istreambuf_iterator<char>(remade)), std::istreambuf_iterator<char>()) == idx_bytes({2, 3}, "abcdef"));
+  // A file rewritten in place gets a copy of its own.
+  std::filesystem::last_write_time(gz, std::filesystem::last_write_time(gz) + std::chrono::seconds(5));
+  CHECK(cohort::data::read_idx(gz).data.size() == 6);
+  CHECK(std::distance(std::filesystem::directory_iterator(cache / "idx"), std::filesystem::directory_iterator{}) == 2);
+  // An empty COHORT_CACHE_DIR turns the copies off; without it, XDG's cache folder, then HOME's.
+  cache_dir_guard off("");
+  CHECK(cohort::data::idx_cache_dir().empty());
+  std::filesystem::remove_all(cache);
+  CHECK(cohort::data::read_idx(gz).data.size() == 6);
+  CHECK_FALSE(std::filesystem::exists(cache));
+  cache_dir_guard unset(nullptr);
+  if (char const* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    CHECK(cohort::data::idx_cache_dir() == std::filesystem::path(xdg) / "cohort" / "idx");
+  else if (char const* home = std::getenv("HOME"); home && *home)
+    CHECK(cohort::data::idx_cache_dir() == std::filesystem::path(home) / ".cache" / "cohort" / "idx");
+}
+
+TEST_CASE("the plain copy's name changes with the file's path, size and time", "[data][idx][pure]") {
+  using cohort::data::idx_cache_name;
+  auto const a = idx_cache_name("/d/train-images-idx3-ubyte.gz", 100, 7);
+  CHECK(a.starts_with("train-images-idx3-ubyte-"));
+  CHECK(a.ends_with("-100-7"));
+  CHECK(idx_cache_name("/d/train-images-idx3-ubyte.gz", 100, 7) == a);
+  CHECK(idx_cache_name("/e/train-images-idx3-ubyte.gz", 100, 7) != a);
+  CHECK(idx_cache_name("/d/train-images-idx3-ubyte.gz", 101, 7) != a);
+  CHECK(idx_cache_name("/d/train-images-idx3-ubyte.gz", 100, 8) != a);
 }
 
 TEST_CASE("truncated and corrupt IDX files name the file, the offset and the problem", "[data][idx]") {
