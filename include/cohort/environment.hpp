@@ -36,9 +36,10 @@ inline int& job_local_rank() {
 /// Open MPI settings cohort's collectives rely on, set before MPI starts where the job does not
 /// set them itself (an OMPI_MCA_ variable; `mpirun --mca NAME VALUE` sets the same variable):
 /// - btl_tcp_links 2: two TCP connections between each pair of ranks on different hosts, over
-///   which Open MPI stripes large messages. Over one connection a 4 MiB all-reduce between 2 hosts
-///   on a 1 Gbit/s link took 68 ms, over two 39 ms (the link's bound: 34 ms); four were no faster,
-///   eight hung Open MPI 4.1 (bench/compare/hosts, docs/benchmarks.md).
+///   which Open MPI stripes large messages. Between 2 hosts on a 1 Gbit/s link, cohort's gradient
+///   synchronisation of 4 MiB took 48-54 ms over one connection and 35-48 ms over two (the link's
+///   bound: 34 ms), of 16 MiB 224-248 ms and 147-219 ms (bound: 134 ms); four were no faster,
+///   eight hung Open MPI 4.1 (docs/benchmarks.md, "Across hosts").
 /// Inside one node Open MPI uses shared memory and these do not apply.
 inline constexpr std::array<std::pair<char const*, char const*>, 1> transport_defaults{{{"OMPI_MCA_btl_tcp_links", "2"}}};
 
