@@ -22,7 +22,8 @@ enum class gradient_compression {
 
 /// Knobs of `ctx.prepare_model(model, {...})`.
 struct model_options {
-  /// Largest gradient bucket; each bucket is one all-reduce. 25 MiB, PyTorch DDP's default.
+  /// A gradient bucket closes once it holds this many bytes (its last tensor may take it past);
+  /// each bucket is one all-reduce. 25 MiB, PyTorch DDP's default.
   std::size_t bucket_cap_bytes = std::size_t{25} << 20;
   /// Cap of the first bucket (the last layers' gradients, ready first), small so that
   /// communication starts early in backward. 1 MiB, DDP's kDefaultFirstBucketBytes.
