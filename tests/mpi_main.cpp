@@ -1,5 +1,6 @@
 // The main of every test executable: MPI up, Catch2's session on every rank, and a failure on
-// any rank fails the run on every rank. Ranks other than 0 report only failures.
+// any rank fails the run on every rank. Ranks other than 0 report only failures. A test spec that
+// matches no test fails the run (fail_on_unmatched_test_spec).
 #define CATCH_CONFIG_RUNNER
 #include "catch.hpp"
 
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
   Catch::Session session;
   int rc = session.applyCommandLine(argc, argv);
   if (rc == 0) {
+    fail_on_unmatched_test_spec(session);
     if (rank != 0) session.configData().showSuccessfulTests = false;
     rc = session.run();
   }

@@ -31,7 +31,10 @@ int main(int argc, char** argv) {
   cudaSetDevice(rank_here);  // each rank's current device is its own (what torch::kCUDA means)
   Catch::Session session;
   int rc = session.applyCommandLine(argc, argv);
-  if (rc == 0) rc = session.run();
+  if (rc == 0) {
+    fail_on_unmatched_test_spec(session);  // a filter matching nothing fails, never passes
+    rc = session.run();
+  }
   int worst = rc;
   MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();
