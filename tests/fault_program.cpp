@@ -2,7 +2,8 @@
 // the latest, and can hurt itself once, on a fresh run only: --kill-at K (the last rank SIGKILLs
 // itself before report K) or --term-at K (the last rank gets SIGTERM before report K). Rank 0
 // writes the final parameters to <storage>/<name>.params.json. Every rank prints its placement
-// ("topology ..."); on resume rank 0 prints the world size and the samples seen ("resumed ...").
+// ("topology ..."); on resume rank 0 prints the epoch, the world size, the samples seen and the
+// checkpoint directory it resumed from ("resumed ... from checkpoint_000002").
 // --min-workers N runs elastic (scaling::cpu{.min_workers = N}); --step-ms slows each step down;
 // --timeout-ms sets run_config::collective_timeout_ms; --report-at-batch N reports (and
 // checkpoints) after batch N of each epoch instead of at its end, so a resume is mid-epoch.
@@ -96,9 +97,9 @@ int main(int argc, char** argv) {
       cohort::load_checkpoint(*ctx.checkpoint(), model, opt, position);
       loader.restore(position);
       if (ctx.world_rank() == 0)
-        std::printf("resumed at epoch %lld with %d ranks (saved with %lld), %lld samples of the epoch seen\n",
+        std::printf("resumed at epoch %lld with %d ranks (saved with %lld), %lld samples of the epoch seen, from %s\n",
                     static_cast<long long>(position.epoch), ctx.world_size(), static_cast<long long>(position.world_size),
-                    static_cast<long long>(loader.state().samples_seen()));
+                    static_cast<long long>(loader.state().samples_seen()), ctx.checkpoint()->path().filename().c_str());
     }
     bool const hurts = fresh && ctx.world_rank() == ctx.world_size() - 1;
     // One report per epoch: report k is made in epoch k - 1 (at its end, or after its batch N).

@@ -4,7 +4,9 @@
 // SIGTERM every running trial stops at its next report and the program exits with code 75. Rerun with the same name, the experiment
 // must finish every trial exactly once: trials that finished are not rerun, interrupted ones go on
 // from their checkpoints (so every result.json holds iterations 1..6 once). Prints "tune restore
-// ok" when that holds.
+// ok" when that holds. Each checkpoint a trial loads is appended to loaded_checkpoints.txt in the
+// checkpoint's trial folder (the trial's lr and the checkpoint's name), which tune_restore.sh
+// checks against the latest checkpoint each trial had committed when the first run stopped.
 #include <cohort/tuning/tuner.hpp>
 
 #include <csignal>
@@ -36,6 +38,10 @@ struct accumulate {
     std::ofstream(dir / "state.json") << nlohmann::json{{"steps", steps}, {"value", value}}.dump();
   }
   void load_checkpoint(std::filesystem::path const& dir) {
+    // What was loaded, for tune_restore.sh: this trial's lr and the checkpoint, in the folder of
+    // the trial the checkpoint belongs to.
+    std::ofstream(dir.parent_path() / "loaded_checkpoints.txt", std::ios::app)
+        << nlohmann::json(lr).dump() << " " << dir.filename().string() << "\n";
     auto j = nlohmann::json::parse(std::ifstream(dir / "state.json"));
     steps = j.at("steps").get<int>();
     value = j.at("value").get<double>();

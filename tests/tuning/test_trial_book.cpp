@@ -83,8 +83,9 @@ TEST_CASE("the book runs at most `concurrent` trials, hands out the rest as tria
 }
 
 TEST_CASE("the book's state, read back by a new book, resumes running trials first under the same ids", "[tuning][pure]") {
-  // Catches: a resumed experiment that starts trials afresh, loses one that was running, or
-  // resumes a trial from a directory the state does not list.
+  // Catches: a resumed experiment that starts trials afresh, loses one that was running, starts
+  // over a trial begun after the last state write whose directory has its config (its rows and
+  // checkpoints lost), or leaves a stray directory among the trials.
   auto const dir = fresh("book_state");
   std::string saved;
   {
@@ -98,17 +99,59 @@ TEST_CASE("the book's state, read back by a new book, resumes running trials fir
     CHECK_FALSE(book.dirty());
   }
   std::ofstream(dir / "experiment_state.json") << saved;
-  std::filesystem::create_directories(dir / "trial_00002");  // begun after the last state write
+  // Begun after the last state write, so not listed: trial_00002 with the config the grid
+  // suggests again for it ({"a": 3}) and two rows, a stray trial_00003 of another config.
+  std::filesystem::create_directories(dir / "trial_00002");
+  std::ofstream(dir / "trial_00002" / "params.json") << R"({"a": 3})";
+  std::ofstream(dir / "trial_00002" / "result.json") << "{\"score\":5,\"training_iteration\":1}\n"
+                                                     << "{\"score\":6,\"training_iteration\":2}\n";
+  std::filesystem::create_directories(dir / "trial_00003");
+  std::ofstream(dir / "trial_00003" / "params.json") << R"({"a": 4})";
   grid_book<> book({}, {}, {}, {.metric = "score"}, dir, 1);
   book.start(three);
   CHECK(book.restored());
-  CHECK_FALSE(std::filesystem::exists(dir / "trial_00002"));  // set aside, not resumed
   CHECK(statuses(book) == std::vector<std::string>{"TERMINATED", "PENDING"});
   CHECK(id_of(book.assignment()) == "trial_00001");
   book.on_complete(complete("trial_00001"));
+  CHECK(std::filesystem::exists(dir / "trial_00002"));  // not yet suggested again: left where it is
   CHECK(id_of(book.assignment()) == "trial_00002");
+  CHECK(std::filesystem::exists(dir / "trial_00002" / "params.json"));  // same config: resumed in place
   book.on_complete(complete("trial_00002"));
-  CHECK(done(book.assignment()));
+  CHECK(done(book.assignment()));  // the grid is exhausted: the stray directory is set aside
+  CHECK_FALSE(std::filesystem::exists(dir / "trial_00003"));
+  auto orphans = 0;
+  for (auto const& e : std::filesystem::directory_iterator(dir))
+    orphans += e.path().filename().string().starts_with("trial_00003.orphaned_");
+  CHECK(orphans == 1);
+  auto const trials = book.take_trials();
+  REQUIRE(trials.size() == 3);
+  CHECK(trials[2].metrics_history.size() == 2);  // its rows from before the interruption kept
+  CHECK(trials[2].metrics.at("score") == 6);
+}
+
+TEST_CASE("an unlisted trial directory of another config than the one suggested again is set aside", "[tuning][pure]") {
+  // Catches: resuming a trial from a checkpoint of another config (the searcher's state was
+  // restored to the last write; what it suggests again for the id need not be what ran there).
+  auto const dir = fresh("book_orphan");
+  std::string saved;
+  {
+    grid_book<> book({}, {}, {}, {.metric = "score"}, dir, 1);
+    book.start(three);
+    saved = book.state().dump();  // nothing suggested yet
+  }
+  std::ofstream(dir / "experiment_state.json") << saved;
+  std::filesystem::create_directories(dir / "trial_00000" / "checkpoint_000001");
+  std::ofstream(dir / "trial_00000" / "params.json") << R"({"a": 2})";  // the grid's first is {"a": 1}
+  grid_book<> book({}, {}, {}, {.metric = "score"}, dir, 1);
+  book.start(three);
+  auto const a = book.assignment();
+  CHECK(id_of(a) == "trial_00000");
+  CHECK(a->at("config") == json{{"a", 1}});
+  CHECK_FALSE(std::filesystem::exists(dir / "trial_00000"));  // moved aside, kept
+  auto orphans = 0;
+  for (auto const& e : std::filesystem::directory_iterator(dir))
+    orphans += e.path().filename().string().starts_with("trial_00000.orphaned_");
+  CHECK(orphans == 1);
 }
 
 TEST_CASE("a spent time budget stops running trials at their next result and starts no new one", "[tuning][pure]") {

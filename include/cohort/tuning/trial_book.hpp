@@ -72,17 +72,33 @@ inline void supersede_checkpoints(std::filesystem::path const& trial_dir, std::s
     std::filesystem::rename(dir, trial_dir / "superseded" / (dir.filename().string() + "_" + std::to_string(n)), ec);
 }
 
-/// On resuming: trial directories of `exp` that experiment_state.json does not list (begun after
-/// its last write; the searcher suggests them again under the same ids) are moved aside as
-/// <id>.orphaned_<time> rather than resumed from a checkpoint that may belong to another config.
+/// On resuming: the trial directories of `exp` that experiment_state.json does not list (begun
+/// after its last write; the searcher suggests them again under the same ids).
 template <class Known>
-void set_aside_orphans(std::filesystem::path const& exp, Known const& known) {
+std::set<std::string> unlisted_trials(std::filesystem::path const& exp, Known const& known) {
+  std::set<std::string> out;
   std::error_code ec;
   for (auto const& entry : std::filesystem::directory_iterator(exp, ec)) {
     auto name = entry.path().filename().string();
-    if (name.rfind("trial_", 0) == 0 && name.size() == 11 && !known.contains(name))
-      std::filesystem::rename(entry.path(), exp / (name + ".orphaned_" + cohort::detail::utc_stamp()), ec);
+    if (name.rfind("trial_", 0) == 0 && name.size() == 11 && !known.contains(name)) out.insert(name);
   }
+  return out;
+}
+
+/// Whether the unlisted trial directory `dir` is the one of a trial suggested again with
+/// `config`: its params.json holds exactly that config. Then the trial resumes in it, from its
+/// latest checkpoint (the trainer's own resume), instead of starting over.
+inline bool same_trial(std::filesystem::path const& dir, nlohmann::json const& config) {
+  std::ifstream in(dir / "params.json", std::ios::binary);
+  auto const params = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return !params.is_discarded() && params == config;
+}
+
+/// Moves an unlisted trial directory that is not resumed aside as <id>.orphaned_<time> (kept, not
+/// deleted): its checkpoints may belong to another config.
+inline void set_aside_orphan(std::filesystem::path const& exp, std::string const& id) {
+  std::error_code ec;
+  std::filesystem::rename(exp / id, exp / (id + ".orphaned_" + cohort::detail::utc_stamp()), ec);
 }
 
 /// The trials of one experiment in the directory `exp`, at most `concurrent` of them running at
@@ -123,7 +139,7 @@ class trial_book {
       order_.push_back(t.id);
       trials_.emplace(t.id, std::move(t));
     }
-    set_aside_orphans(exp_, trials_);
+    unlisted_ = unlisted_trials(exp_, trials_);
     restored_ = true;
     if (exhausted_) mark_exhausted();
     else apply_paused_decisions();  // decisions saved before the interruption
@@ -339,6 +355,14 @@ class trial_book {
     trial_state t;
     t.id = candidate;
     t.config = *config;
+    if (unlisted_.erase(candidate) > 0) {
+      if (same_trial(exp_ / candidate, t.config)) {  // begun before the interruption: resumed, its rows kept
+        std::ifstream rows(exp_ / candidate / "result.json", std::ios::binary);
+        t.history = parse_result_rows(std::string{std::istreambuf_iterator<char>(rows), std::istreambuf_iterator<char>()});
+      } else {
+        set_aside_orphan(exp_, candidate);
+      }
+    }
     try {
       scheduler_.on_trial_add(t.id, t.config);
     } catch (std::exception const& e) {
@@ -383,6 +407,8 @@ class trial_book {
   /// The searcher has no more trials: a scheduler that waits for more is told.
   void mark_exhausted() {
     exhausted_ = true;
+    for (auto const& id : unlisted_) set_aside_orphan(exp_, id);  // never suggested again
+    unlisted_.clear();
     if constexpr (requires(Scheduler& s) { s.on_no_more_trials(); }) safely([&] { scheduler_.on_no_more_trials(); });
     apply_paused_decisions();
   }
@@ -447,6 +473,7 @@ class trial_book {
   std::map<std::string, trial_state> trials_;
   std::vector<std::string> order_;       ///< trial ids in creation order
   std::deque<std::string> queue_, paused_;
+  std::set<std::string> unlisted_;  ///< on restore: directories the state does not list, until suggested again
   std::set<std::string> stop_when_paused_, resume_when_paused_;  ///< decided while the trial was still pausing
   std::size_t next_ = 0, running_ = 0, clones_ = 0;
   bool exhausted_ = false, stopping_ = false, dirty_ = true, restored_ = false;
