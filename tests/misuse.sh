@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # misuse.sh CASE PROGRAM COHORT_RUN SCRATCH MPIEXEC ARGS...: one case of the misuse catalogue
 # (tests/misuse_program.cpp), normally at 3 ranks. A first run commits checkpoints 1 and 2; the
-# second resumes, and in its first epoch the last rank misbehaves. Checked: the exit status, the
+# second resumes, and in its first epoch the last rank misbehaves (rank 0, which owns the run
+# directory and writes the checkpoints, for the cases named *_rank0). Checked: the exit status, the
 # error line on every rank that must print one, the time from the misbehaviour to the end of the
 # job (a bound far below ctest's timeout: no hang), and that the checkpoints committed before are
 # byte for byte what they were and every committed checkpoint verifies.
@@ -18,17 +19,20 @@ fail() { echo "FAIL ($what): $*"; exit 1; }
 # default deadline (10 minutes): what they find, the ranks' agreement finds within a step (the
 # issue's bound is 60 s; 20 s leaves a loaded machine room and still fails a deadline or a hang).
 args=() expect=ok bound=20 patterns=()
+base=${what%_rank0} bad=2  # the rank that misbehaves, and the others
+[ "$base" != "$what" ] && bad=0
+others=$( [ $bad = 0 ] && echo "1 2" || echo "0 1")
 diverged() { patterns=("rank 0: error: the ranks' control flow diverged: .*$1" "rank 1: error: the ranks' control flow diverged"
                        "rank 2: error: the ranks' control flow diverged"); }
-case $what in
+case $base in
   extra_report|extra_report_async) expect=fail; diverged "rank 2 is at report 4" ;;
-  early_return) expect=fail; diverged "rank 2 is at the end of the functor" ;;
+  early_return) expect=fail; diverged "rank $bad is at the end of the functor" ;;
   extra_backward) expect=fail; diverged "rank 2 is at backward" ;;
   missing_prepare_model) expect=fail; diverged "ranks 0, 1 are at prepare_model 1.*rank 2 is at report 3" ;;
   no_sync_on_one_rank) expect=fail; diverged "rank 2 is at" ;;
-  throws|throws_async) expect=fail
-    patterns=("rank 0: error: rank 2: boom on the last rank" "rank 1: error: rank 2: boom on the last rank"
-              "rank 2: error: rank 2: boom on the last rank") ;;
+  throws|throws_async) expect=fail  # _async: thrown right after report 3, its checkpoint being written
+    patterns=("rank 0: error: rank $bad: boom on rank $bad" "rank 1: error: rank $bad: boom on rank $bad"
+              "rank 2: error: rank $bad: boom on rank $bad") ;;
   bad_metrics) expect=fail; patterns=("rank [01]: error: rank 2: report\(\) takes a JSON object of metrics"
                                       "rank 2: error: rank 2: report\(\) takes a JSON object of metrics") ;;
   layout_mismatch) expect=fail; patterns=("rank 0: error: model layout differs between ranks: .* on rank 2: every rank must construct the same model"
@@ -40,12 +44,12 @@ case $what in
     patterns=("rank 0: error: report 3 passes a checkpoint on rank 2 but not on rank 0" "rank 1: error: report 3 passes"
               "rank 2: error: report 3 passes") ;;
   extra_collective) expect=fail bound=8 args=(--timeout-ms 3000)
-    # Rank 2 waits in its extra barrier while ranks 0 and 1 wait in the report's all-reduce; the
-    # three deadlines run out within a few ms of each other, so whichever rank notices first ends
-    # the job. Either way every rank names where it waits, and one names the deadline.
+    # The odd rank waits in its extra barrier while the others wait in the report's all-reduce;
+    # the three deadlines run out within a few ms of each other, so whichever rank notices first
+    # ends the job. Either way every rank names where it waits, and one names the deadline.
     patterns=("rank [012]: error: (barrier|iallreduce) #[0-9]+ on '(work|lockstep)' \([0-9]+ bytes\) did not complete within 3000 ms"
-              "rank 2: error: .*barrier #[0-9]+ on 'work' \(0 bytes\).* \(this rank is at 2 reports, [0-9]+ backward passes, 1 prepare_model begun\)"
-              "rank 0: error: .*(on 'lockstep'|rank 2 is ending the job)" "rank 1: error: .*(on 'lockstep'|rank [02] is ending the job)") ;;
+              "rank $bad: error: .*barrier #[0-9]+ on 'work' \(0 bytes\).* \(this rank is at 2 reports, [0-9]+ backward passes, 1 prepare_model begun\)")
+    for r in $others; do patterns+=("rank $r: error: .*(on 'lockstep'|rank [012] is ending the job)"); done ;;
   sigstop) expect=fail bound=8 args=(--timeout-ms 3000)
     patterns=("rank [01]: error: iallreduce #[0-9]+ on 'lockstep' \(72 bytes\) did not complete within 3000 ms \(this rank is at 3 reports, [0-9]+ backward passes, 1 prepare_model begun\)"
               "rank 0: error: " "rank 1: error: ") ;;
@@ -57,7 +61,7 @@ esac
 first=none
 [[ $what == rank0_checkpoint* ]] && first=$what  # the idiom commits the checkpoints the resume reads
 suffix=""
-[[ $what == *_async ]] && suffix=_async
+[[ $base == *_async ]] && suffix=_async
 timeout 120 "${mpi[@]}" "$prog" --storage "$dir" --name run --case "$first$([ $first = none ] && echo "$suffix")" --epochs 2 \
   >"$dir/first.log" 2>&1 || { cat "$dir/first.log"; fail "the first run (2 epochs) failed"; }
 for c in 1 2; do [ -f "$dir/run/checkpoint_00000$c/manifest.json" ] || fail "the first run did not commit checkpoint $c"; done
@@ -84,8 +88,8 @@ if [ $expect != ok ]; then
   [ $ms -le $((bound * 1000)) ] || fail "took $ms ms, more than $bound s"
 fi
 if [ $expect = relaunch ]; then
-  grep -qE "rank [01]: error: SIGTERM received while waiting in .* on 'lockstep'.*a rank died" <<<"$out" ||
-    grep -qE "mpirun noticed that process rank 2 .* exited on signal 9" <<<"$out" || fail "no error line for the killed rank"
+  grep -qE "rank [$others]: error: SIGTERM received while waiting in .* on 'lockstep'.*a rank died" <<<"$out" ||
+    grep -qE "mpirun noticed that process rank $bad .* exited on signal 9" <<<"$out" || fail "no error line for the killed rank"
   grep -q "cohort-run: restart 1 of 1 because" <<<"$out" || fail "cohort-run did not relaunch"
   [ "$(grep -c "resumed from checkpoint_000002" <<<"$out")" -eq 2 ] || fail "the relaunched run did not resume from checkpoint 2"
 fi

@@ -1,7 +1,10 @@
 // The misuse catalogue's training run (tests/misuse.sh): a small model trained with a checkpoint
 // every epoch, whose last rank misbehaves in the first epoch of a resumed run (so that the
 // checkpoints committed before are there to be checked afterwards). `--case NAME` picks the
-// misuse; `--case none` trains normally. The misbehaving rank writes <storage>/<name>.t0 (the
+// misuse; `--case none` trains normally; NAME_async runs it with asynchronous checkpoints (a
+// `throws` then comes right after the report, while its checkpoint is being written), and
+// NAME_rank0 has rank 0, which owns the run directory and writes the checkpoints, misbehave
+// instead of the last rank. The misbehaving rank writes <storage>/<name>.t0 (the
 // time, in ms since the epoch) just before it misbehaves: the script measures how long the job
 // takes to end from there. `--verify DIR` checks a committed checkpoint against its manifest.
 #include <cohort/cohort.hpp>
@@ -52,6 +55,8 @@ int main(int argc, char** argv) {
       return problem ? 1 : 0;
     }
   }
+  bool const on_rank0 = what.ends_with("_rank0");
+  if (on_rank0) what.resize(what.size() - 6);
   if (what.ends_with("_async")) {
     what.resize(what.size() - 6);
     async = true;
@@ -63,8 +68,8 @@ int main(int argc, char** argv) {
   auto train = [&](cohort::context& ctx) {
     torch::manual_seed(5);
     int const me = ctx.world_rank();
-    bool const odd = me == ctx.world_size() - 1;  // the rank that misbehaves
-    // The first epoch of a resumed run, the first time: where the last rank misbehaves.
+    bool const odd = me == (on_rank0 ? 0 : ctx.world_size() - 1);  // the rank that misbehaves
+    // The first epoch of a resumed run, the first time: where the odd rank misbehaves.
     bool const now = ctx.checkpoint().has_value() && !std::filesystem::exists(marker);
     bool const hurts = odd && now;
     auto misbehave = [&](std::string const& c) {
@@ -111,7 +116,7 @@ int main(int argc, char** argv) {
       }
       if (misbehave("extra_report")) ctx.report({{"extra", true}});
       if (misbehave("early_return")) return;
-      if (misbehave("throws")) throw std::runtime_error("boom on the last rank");
+      if (!async && misbehave("throws")) throw std::runtime_error("boom on rank " + std::to_string(me));
       if (misbehave("sigstop")) std::raise(SIGSTOP);
       if (misbehave("sigkill")) std::raise(SIGKILL);
       if (misbehave("extra_collective")) ctx.comm().barrier();
@@ -130,6 +135,7 @@ int main(int argc, char** argv) {
       } else {
         ctx.report(metrics, cohort::checkpoint_of(model, opt, state));
       }
+      if (async && misbehave("throws")) throw std::runtime_error("boom on rank " + std::to_string(me));  // mid-write
     }
   };
   cohort::run_config run{.name = name, .storage_path = storage, .verbose = 0};
