@@ -2,7 +2,7 @@
 # misuse.sh CASE PROGRAM COHORT_RUN SCRATCH MPIEXEC ARGS...: one case of the misuse catalogue
 # (tests/misuse_program.cpp), normally at 3 ranks. A first run commits checkpoints 1 and 2; the
 # second resumes, and in its first epoch the last rank misbehaves (rank 0, which owns the run
-# directory and writes the checkpoints, for the cases named *_rank0). Checked: the exit status, the
+# directory and writes the checkpoints, for the cases named *_by_rank0). Checked: the exit status, the
 # error line on every rank that must print one, the time from the misbehaviour to the end of the
 # job (a bound far below ctest's timeout: no hang), and that the checkpoints committed before are
 # byte for byte what they were and every committed checkpoint verifies.
@@ -19,7 +19,7 @@ fail() { echo "FAIL ($what): $*"; exit 1; }
 # default deadline (10 minutes): what they find, the ranks' agreement finds within a step (the
 # issue's bound is 60 s; 20 s leaves a loaded machine room and still fails a deadline or a hang).
 args=() expect=ok bound=20 patterns=()
-base=${what%_rank0} bad=2  # the rank that misbehaves, and the others
+base=${what%_by_rank0} bad=2  # the rank that misbehaves, and the others
 [ "$base" != "$what" ] && bad=0
 others=$( [ $bad = 0 ] && echo "1 2" || echo "0 1")
 diverged() { patterns=("rank 0: error: the ranks' control flow diverged: .*$1" "rank 1: error: the ranks' control flow diverged"

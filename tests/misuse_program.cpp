@@ -3,7 +3,7 @@
 // checkpoints committed before are there to be checked afterwards). `--case NAME` picks the
 // misuse; `--case none` trains normally; NAME_async runs it with asynchronous checkpoints (a
 // `throws` then comes right after the report, while its checkpoint is being written), and
-// NAME_rank0 has rank 0, which owns the run directory and writes the checkpoints, misbehave
+// NAME_by_rank0 has rank 0, which owns the run directory and writes the checkpoints, misbehave
 // instead of the last rank. The misbehaving rank writes <storage>/<name>.t0 (the
 // time, in ms since the epoch) just before it misbehaves: the script measures how long the job
 // takes to end from there. `--verify DIR` checks a committed checkpoint against its manifest.
@@ -55,8 +55,8 @@ int main(int argc, char** argv) {
       return problem ? 1 : 0;
     }
   }
-  bool const on_rank0 = what.ends_with("_rank0");
-  if (on_rank0) what.resize(what.size() - 6);
+  bool const on_rank0 = what.ends_with("_by_rank0");
+  if (on_rank0) what.resize(what.size() - 9);
   if (what.ends_with("_async")) {
     what.resize(what.size() - 6);
     async = true;
