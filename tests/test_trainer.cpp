@@ -76,6 +76,7 @@ TEST_CASE("the config round-trips through JSON and rank 0's is used everywhere",
   config mine{.lr = 0.5 + cohort_test::world_rank(), .epochs = 7, .tag = "rank" + std::to_string(cohort_test::world_rank())};
   auto r = cohort::trainer{[](cohort::context&, config const& c) { return c; }}.fit(mine, quiet(storage));
   REQUIRE(r.ok());
+  REQUIRE(r.return_values.size() == static_cast<std::size_t>(cohort_test::world_size()));  // a loop over none checks nothing
   for (auto const& got : r.return_values) CHECK(got == config{.lr = 0.5, .epochs = 7, .tag = "rank0"});
   // a plain JSON config converts into the functor's type
   auto j = cohort::trainer{[](cohort::context&, config const& c) { return c.epochs; }}.fit(
@@ -163,6 +164,7 @@ TEST_CASE("the context places every rank and shards by the policy", "[trainer][m
                .fit(nlohmann::json::object(), quiet(storage, "ctx"));
   REQUIRE(r.ok());
   int const n = cohort_test::world_size();
+  REQUIRE(r.return_values.size() == static_cast<std::size_t>(n));
   std::size_t per = (10 + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n);
   for (int k = 0; k < n; ++k) {
     auto const& v = r.return_values[static_cast<std::size_t>(k)];
@@ -271,6 +273,7 @@ TEST_CASE("checkpoint_mode::no_upload commits a directory checkpoint where it wa
   }
   auto again = cohort::trainer{directory_steps(in_run), cohort::checkpointing::keep_last{.num_to_keep = 2}}.fit(nlohmann::json::object(), run);
   REQUIRE(again.ok());
+  REQUIRE(again.return_values.size() == static_cast<std::size_t>(cohort_test::world_size()));  // a loop over none checks nothing
   for (auto const& v : again.return_values) CHECK(v == 3);  // every rank resumed from step 3
   check_directory_checkpoint(again.checkpoint->path, 6);
 }

@@ -1,4 +1,5 @@
 #include <cohort/checkpointing/checkpoint.hpp>
+#include <cohort/checkpointing/resume.hpp>
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -326,6 +327,27 @@ TEST_CASE("a hostile or unknown manifest is skipped for the previous good checkp
   CHECK(good->path().filename() == "checkpoint_000001");
   CHECK_THAT(warnings.str(), contains_text("skipping checkpoint " + dir.string()));
   CHECK(fs::exists(outside));
+}
+
+TEST_CASE("a run starting over a crashed attempt removes its .staging and .trash and resumes from its latest", "[checkpointing][pure]") {
+  // Catches: leftovers of a crashed attempt that stay forever (a half-written checkpoint in
+  // .staging, a dropped one retention had renamed into .trash but not yet deleted), or removing
+  // them by a rule that also takes a committed checkpoint (docs/checkpointing.md's layout).
+  auto run = fresh_dir("leftovers");
+  commit_one(run, 1, 100);
+  commit_one(run, 2, 100);
+  fs::create_directories(run / ".staging" / "attempt_b_checkpoint_000003");
+  std::ofstream(run / ".staging" / "attempt_b_checkpoint_000003" / "model.bin") << "half";
+  fs::create_directories(run / ".trash" / "attempt_a_checkpoint_000000");
+  std::ofstream(run / ".trash" / "attempt_a_checkpoint_000000" / "model.bin") << "dropped";
+  retained kept;
+  auto const point = resume_point(run, "", kept);
+  CHECK(point.at("path") == (run / "checkpoint_000002").string());
+  CHECK(point.at("iteration") == 2);
+  CHECK_FALSE(fs::exists(run / ".staging"));
+  CHECK_FALSE(fs::exists(run / ".trash"));
+  CHECK(committed(run) == std::vector<fs::path>{run / "checkpoint_000001", run / "checkpoint_000002"});
+  for (auto const& d : committed(run)) CHECK_FALSE(verify(d).has_value());
 }
 
 TEST_CASE("a link named like a checkpoint is neither resumed from nor listed for retention", "[checkpointing][pure][bad-input]") {

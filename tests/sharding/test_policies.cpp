@@ -46,6 +46,38 @@ TEST_CASE("shuffled shards are deterministic and change from epoch to epoch", "[
   CHECK(interleaved{.on_remainder = remainder::drop}.indices(10, 3, 2, 0) == std::vector<std::size_t>{2, 5, 8});
 }
 
+TEST_CASE("the order table of docs/data.md: 10 samples over 3 ranks, the same on every platform", "[sharding][pure]") {
+  // Catches: a shuffle whose order depends on the standard library (std::shuffle,
+  // std::uniform_int_distribution), a changed dealing, or docs that no longer say what the
+  // policies do. The rows are copied from docs/data.md, not computed.
+  using v = std::vector<std::size_t>;
+  std::vector<std::pair<std::vector<v>, std::vector<v>>> const rows{
+      {{contiguous{}.indices(10, 3, 0, 0), contiguous{}.indices(10, 3, 1, 0), contiguous{}.indices(10, 3, 2, 0)},
+       {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 0, 1}}},
+      {{contiguous{.on_remainder = remainder::drop}.indices(10, 3, 0, 0),
+        contiguous{.on_remainder = remainder::drop}.indices(10, 3, 1, 0),
+        contiguous{.on_remainder = remainder::drop}.indices(10, 3, 2, 0)},
+       {{0, 1, 2}, {3, 4, 5}, {6, 7, 8}}},
+      {{interleaved{}.indices(10, 3, 0, 0), interleaved{}.indices(10, 3, 1, 0), interleaved{}.indices(10, 3, 2, 0)},
+       {{0, 3, 6, 9}, {1, 4, 7, 0}, {2, 5, 8, 1}}},
+      {{interleaved{.on_remainder = remainder::drop}.indices(10, 3, 0, 0),
+        interleaved{.on_remainder = remainder::drop}.indices(10, 3, 1, 0),
+        interleaved{.on_remainder = remainder::drop}.indices(10, 3, 2, 0)},
+       {{0, 3, 6}, {1, 4, 7}, {2, 5, 8}}},
+      {{shuffled{.seed = 42}.indices(10, 3, 0, 0), shuffled{.seed = 42}.indices(10, 3, 1, 0),
+        shuffled{.seed = 42}.indices(10, 3, 2, 0)},
+       {{2, 5, 8, 3}, {6, 0, 7, 2}, {9, 1, 4, 6}}},
+      {{shuffled{.seed = 42}.indices(10, 3, 0, 1), shuffled{.seed = 42}.indices(10, 3, 1, 1),
+        shuffled{.seed = 42}.indices(10, 3, 2, 1)},
+       {{5, 2, 8, 1}, {3, 7, 0, 5}, {9, 4, 6, 3}}},
+      {{shuffled{.seed = 42, .on_remainder = remainder::drop}.indices(10, 3, 0, 0),
+        shuffled{.seed = 42, .on_remainder = remainder::drop}.indices(10, 3, 1, 0),
+        shuffled{.seed = 42, .on_remainder = remainder::drop}.indices(10, 3, 2, 0)},
+       {{2, 5, 8}, {6, 0, 7}, {9, 1, 4}}},
+  };
+  for (auto const& [got, want] : rows) CHECK(got == want);
+}
+
 #include <cohort/sharding/batch_size.hpp>
 
 TEST_CASE("global batch size is per-worker batch size times the world size", "[sharding][pure]") {

@@ -168,6 +168,23 @@ TEST_CASE("ranks_per_trial splits the world into groups that each run one trial 
   CHECK(most <= n / per);
 }
 
+TEST_CASE("max_concurrent_trials = 1 runs one trial at a time however many groups there are", "[tuning][mpi]") {
+  // Catches: tune_config.max_concurrent_trials ignored (every group would take a trial at once:
+  // at 2-4 ranks the 4 trials of 2 x 30 ms would overlap), or a limit that stalls the experiment.
+  auto const storage = cohort_test::scratch("tune_max_concurrent");
+  cohort::tuner tuner{quadratic{.iterations = 2, .sleep_ms = 30},
+                      cohort::tune_config{.metric = "score", .num_samples = 4, .max_concurrent_trials = 1, .status_interval_s = 1e9}};
+  auto grid = tuner.fit(cohort::space{{"x", cohort::uniform(0, 4)}, {"y", 1.0}},
+                        {.name = "one_at_a_time", .storage_path = storage.string(), .verbose = 0});
+  REQUIRE(grid.ok());
+  REQUIRE(grid.size() == 4);
+  std::vector<std::pair<double, double>> spans;
+  for (auto const& t : grid.trials)
+    spans.push_back({t.metrics_history.front().at("start").get<double>(), t.metrics.at("now").get<double>()});
+  std::sort(spans.begin(), spans.end());
+  for (std::size_t i = 1; i < spans.size(); ++i) CHECK(spans[i].first >= spans[i - 1].second);  // began after the last ended
+}
+
 TEST_CASE("validator ranks under a tuner: each trial group's last rank validates that trial's checkpoints", "[tuning][mpi][validation]") {
   // Catches: validators shared across trial groups (a checkpoint validated by another trial's
   // rank, or never), and a trial's validators left waiting when its trial ends.
