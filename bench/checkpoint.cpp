@@ -149,7 +149,7 @@ std::vector<std::int64_t> sizes_bytes() {
 }
 
 int main(int argc, char** argv) {
-  cohort_bench::take_smoke_flag(argc, argv);
+  cohort_bench::take_mode_flags(argc, argv);
   cohort::environment env{argc, argv};
   benchmark::Initialize(&argc, argv);
   char const* tmp = std::getenv("TMPDIR");

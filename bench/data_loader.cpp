@@ -90,7 +90,7 @@ void train_step(benchmark::State& state) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  cohort_bench::take_smoke_flag(argc, argv);
+  cohort_bench::take_mode_flags(argc, argv);
   auto const data_dir = take_data_flag(argc, argv);
   cohort::environment env{argc, argv};
   benchmark::Initialize(&argc, argv);

@@ -1,5 +1,5 @@
 // Gradient synchronisation through prepare_model vs a raw MPI_Allreduce of the same bytes.
-//   mpirun -np 2 ./bench_gradient_sync [--smoke] [google-benchmark flags]
+//   mpirun -np 2 ./bench_gradient_sync [--smoke | --guard] [google-benchmark flags]
 // For each size S (1 KiB .. 256 MiB of float32 gradients, in tensors of at most 1 MiB like layers):
 //   raw_allreduce/S     one MPI_Allreduce (in place) of S bytes            (the baseline)
 //   local_backward/S    backward of sum(p) over the parameters, no sync
@@ -62,6 +62,41 @@ void backward(benchmark::State& state, bool through_cohort) {
 void local_backward(benchmark::State& state) { backward(state, false); }
 void cohort_backward(benchmark::State& state) { backward(state, true); }
 
+/// --guard: synchronising 1 MiB of gradients through prepare_model against a raw MPI_Allreduce of
+/// the same bytes, 9 alternating rounds of 20 of each (raw, backward without, backward through
+/// cohort), each timed as the benchmark times it (after a barrier, the slowest rank); the median
+/// of the rounds' throughput ratios, raw / (through cohort - without), must stay >= 0.2 (runs on
+/// the 2-core machine of docs/benchmarks.md give 0.33-0.6; a millisecond more per backward
+/// gives under 0.15).
+void guard_sync() {
+  constexpr std::int64_t bytes = 1 << 20;
+  constexpr int per_round = 20;
+  std::vector<float> buf(static_cast<std::size_t>(bytes / 4), 1.0f);
+  auto local = std::make_shared<blob>(bytes);
+  auto synced = std::make_shared<blob>(bytes);
+  auto prepared = g_ctx->prepare_model(synced);
+  auto raw = [&] { MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); };
+  auto backward = [](blob& m) {
+    m.zero_grad();
+    return cohort_bench::slowest_seconds([&] { m.loss().backward(); });
+  };
+  for (int i = 0; i < 5; ++i) {
+    raw();
+    backward(*local);
+    backward(*synced);
+  }
+  std::vector<double> ratios;
+  for (int round = 0; round < 9; ++round) {
+    double r = 0, l = 0, c = 0;
+    for (int i = 0; i < per_round; ++i) r += cohort_bench::slowest_seconds(raw);
+    for (int i = 0; i < per_round; ++i) l += backward(*local);
+    for (int i = 0; i < per_round; ++i) c += backward(*synced);
+    ratios.push_back(c > l ? r / (c - l) : 1e9);
+  }
+  cohort_bench::check_guard("1 MiB gradient sync throughput through cohort / raw MPI_Allreduce (median of 9 alternating rounds)",
+                            cohort_bench::median(ratios), false, 0.2);
+}
+
 void register_all() {
   for (auto* fn : {&raw_allreduce, &local_backward, &cohort_backward}) {
     char const* name = fn == &raw_allreduce ? "raw_allreduce" : fn == &local_backward ? "local_backward" : "cohort_backward";
@@ -77,12 +112,13 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  cohort_bench::take_smoke_flag(argc, argv);
+  cohort_bench::take_mode_flags(argc, argv);
   cohort::environment env{argc, argv};
   benchmark::Initialize(&argc, argv);
   register_all();
   auto const result = cohort::trainer{[](cohort::context& ctx) {
     g_ctx = &ctx;
+    if (cohort_bench::guard) return guard_sync();
     auto t = cohort_bench::run_all();
     if (ctx.world_rank() != 0) return;
     std::printf("\n| gradient bytes | raw MPI_Allreduce (us) | cohort sync (us) | cohort / raw throughput |\n");

@@ -3,11 +3,14 @@
 // ranks enter the same collectives); each iteration's time is the maximum over ranks (MPI_MAX) and
 // only rank 0 reports. Rank 0 also keeps each benchmark's mean time for the ratio summaries.
 // Every benchmark takes --smoke (ctest's bench.* tests): its smallest size, an iteration or two,
-// so that CI shows it still runs from start to end; figures from a smoke run mean nothing.
+// so that CI shows it still runs from start to end; figures from a smoke run mean nothing. Those
+// with a guarded figure take --guard (ctest's guard.* tests): a few alternating rounds of the two
+// sides of a same-run ratio, checked against a generous bound (check_guard), exit 1 outside it.
 
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -22,12 +25,16 @@ namespace cohort_bench {
 /// True under --smoke: each benchmark at its smallest size for an iteration or two (CI).
 inline bool smoke = false;
 
-/// Takes --smoke out of argv (so neither Google Benchmark nor the program's own flags see it) and
-/// sets `smoke`; call it first in main().
-inline void take_smoke_flag(int& argc, char** argv) {
+/// True under --guard: only the guarded ratio, measured and checked (CI's performance guards).
+inline bool guard = false;
+
+/// Takes --smoke and --guard out of argv (so neither Google Benchmark nor the program's own flags
+/// see them) and sets `smoke` and `guard`; call it first in main().
+inline void take_mode_flags(int& argc, char** argv) {
   int kept = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::string_view(argv[i]) == "--smoke") smoke = true;
+    else if (std::string_view(argv[i]) == "--guard") guard = true;
     else argv[kept++] = argv[i];
   }
   argc = kept;
@@ -70,6 +77,31 @@ double slowest_seconds(Body&& body) {
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return s;
+}
+
+/// The median of `v` (the mean of the middle two for an even count; 0 when empty).
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  auto const n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/// A performance guard, on every rank with the same `value` (from slowest_seconds): rank 0 prints
+/// "guard: <what> = <value> (bound: <= or >= <bound>)", and outside the bound every rank marks the
+/// run failed (exit 1) and rank 0 says so. Guards check same-run ratios of alternating rounds
+/// (load slows both sides alike) or a cost with a bound far above its figure in docs/benchmarks.md.
+inline void check_guard(std::string const& what, double value, bool at_most, double bound) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  bool const ok = at_most ? value <= bound : value >= bound;
+  if (rank == 0) {
+    std::printf("guard: %s = %.3f (bound: %s %.3f)\n", what.c_str(), value, at_most ? "<=" : ">=", bound);
+    if (!ok) std::fprintf(stderr, "error: guard failed: %s is %.3f, outside its bound %s %.3f: something on this path got slower\n",
+                          what.c_str(), value, at_most ? "<=" : ">=", bound);
+    std::fflush(stdout);
+  }
+  if (!ok) failed = true;
 }
 
 /// Times `body` once on every rank, after a barrier; records the slowest rank's time.

@@ -1,7 +1,7 @@
 // A full training step through cohort's trainer and prepare_model vs a hand-written MPI loop on
 // the same model (broadcast once, then per step: forward, backward, MPI_Allreduce of each
 // gradient in place, divide by the world size, SGD step).
-//   mpirun -np 2 ./bench_train_step [--smoke] [google-benchmark flags]
+//   mpirun -np 2 ./bench_train_step [--smoke | --guard] [google-benchmark flags]
 // Models: the reference Fashion-MNIST CNN (batch 64 per rank, 1x28x28) and a small MLP
 // (batch 64, input 1024, two hidden layers of 256, 10 outputs).
 // The ranks' agreement on control flow (detail::lockstep, one small all-reduce started at the
@@ -11,6 +11,8 @@
 #include <torch/version.h>
 
 #include <cstdio>
+#include <functional>
+#include <memory>
 
 #include "fashion_mnist_net.hpp"
 #include "mpi_bench.hpp"
@@ -46,52 +48,86 @@ workload<mlp> make_mlp() {
 
 constexpr int warmup_steps = 5;
 
+/// One step of the hand-written MPI loop on a fresh `make()` workload (its parameters broadcast
+/// from rank 0 first): forward, backward, MPI_Allreduce of each gradient, divide, SGD step.
 template <class Make>
-void handwritten(benchmark::State& state, Make make) {
-  auto w = make();
+std::function<void()> handwritten_step(Make make) {
+  auto w = std::make_shared<decltype(make())>(make());
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   {
     torch::NoGradGuard no_grad;
-    for (auto& p : w.net->parameters())
+    for (auto& p : w->net->parameters())
       MPI_Bcast(p.data_ptr(), static_cast<int>(p.numel()), MPI_FLOAT, 0, MPI_COMM_WORLD);
   }
-  torch::optim::SGD opt(w.net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  auto step = [&] {
-    opt.zero_grad();
-    torch::cross_entropy_loss(w.net->forward(w.x), w.y).backward();
-    for (auto& p : w.net->parameters()) {
+  auto opt = std::make_shared<torch::optim::SGD>(w->net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  return [w, opt, size] {
+    opt->zero_grad();
+    torch::cross_entropy_loss(w->net->forward(w->x), w->y).backward();
+    for (auto& p : w->net->parameters()) {
       MPI_Allreduce(MPI_IN_PLACE, p.grad().data_ptr(), static_cast<int>(p.numel()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       p.grad().div_(size);
     }
-    opt.step();
+    opt->step();
   };
-  for (int i = 0; i < warmup_steps; ++i) step();
-  for (auto _ : state) cohort_bench::timed_iteration(state, step);
 }
 
-/// `agree`: the reducer takes part in the ranks' agreement (as prepare_model builds it); false:
-/// the same reducer without it, to measure what the agreement costs per step.
+/// One step through cohort on a fresh `make()` workload: prepare_model, then forward, backward
+/// (gradients averaged by its hooks), SGD step. `agree`: the reducer takes part in the ranks'
+/// agreement (as prepare_model builds it); false: the same reducer without it, to measure what
+/// the agreement costs per step.
 template <class Make>
-void through_cohort(benchmark::State& state, Make make, bool agree = true) {
+std::function<void()> cohort_step(Make make, bool agree = true) {
   auto w = make();
-  auto model = g_ctx->prepare_model(w.net);
-  if (!agree && model.reducer()) {
+  auto model = std::make_shared<decltype(g_ctx->prepare_model(w.net))>(g_ctx->prepare_model(w.net));
+  if (!agree && model->reducer()) {
     auto const where = cohort::use_communication_thread(cohort::reduce_on::automatic, cohort::scaling::node_cores(),
                                                         g_ctx->local_world_size())
                            ? cohort::reduce_on::communication_thread
                            : cohort::reduce_on::training_thread;
-    model = decltype(model)(model.module(), std::make_shared<cohort::detail::gradient_reducer>(
-                                                g_ctx->comm(), model.reducer()->params(), cohort::model_options{}, where));
+    *model = std::decay_t<decltype(*model)>(model->module(), std::make_shared<cohort::detail::gradient_reducer>(
+                                                                 g_ctx->comm(), model->reducer()->params(), cohort::model_options{}, where));
   }
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  auto step = [&] {
-    opt.zero_grad();
-    torch::cross_entropy_loss(model(w.x), w.y).backward();
-    opt.step();
+  auto opt = std::make_shared<torch::optim::SGD>((*model)->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  return [model, opt, x = w.x, y = w.y] {
+    opt->zero_grad();
+    torch::cross_entropy_loss((*model)(x), y).backward();
+    opt->step();
   };
+}
+
+template <class Make>
+void handwritten(benchmark::State& state, Make make) {
+  auto step = handwritten_step(make);
   for (int i = 0; i < warmup_steps; ++i) step();
   for (auto _ : state) cohort_bench::timed_iteration(state, step);
+}
+
+template <class Make>
+void through_cohort(benchmark::State& state, Make make, bool agree = true) {
+  auto step = cohort_step(make, agree);
+  for (int i = 0; i < warmup_steps; ++i) step();
+  for (auto _ : state) cohort_bench::timed_iteration(state, step);
+}
+
+/// --guard: the CNN's step through cohort against the hand-written loop's, 9 alternating rounds
+/// of 5 steps each; the median of the rounds' ratios must stay <= 1.15 (docs/benchmarks.md:
+/// cohort is faster than the hand-written loop on this model).
+void guard_step() {
+  auto hand = handwritten_step(make_cnn);
+  auto through = cohort_step(make_cnn);
+  for (int i = 0; i < warmup_steps; ++i) {
+    hand();
+    through();
+  }
+  std::vector<double> ratios;
+  for (int round = 0; round < 9; ++round) {
+    double const h = cohort_bench::slowest_seconds([&] { for (int i = 0; i < 5; ++i) hand(); });
+    double const c = cohort_bench::slowest_seconds([&] { for (int i = 0; i < 5; ++i) through(); });
+    ratios.push_back(c / h);
+  }
+  cohort_bench::check_guard("CNN step through cohort / hand-written MPI loop step (median of 9 alternating rounds)",
+                            cohort_bench::median(ratios), true, 1.15);
 }
 
 /// One agreement of the ranks, as a backward makes it (started, then awaited).
@@ -107,7 +143,7 @@ void agreement(benchmark::State& state) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  cohort_bench::take_smoke_flag(argc, argv);
+  cohort_bench::take_mode_flags(argc, argv);
   cohort::environment env{argc, argv};
   benchmark::Initialize(&argc, argv);
   benchmark::AddCustomContext("libtorch", TORCH_VERSION);
@@ -131,6 +167,7 @@ int main(int argc, char** argv) {
   }
   auto const result = cohort::trainer{[](cohort::context& ctx) {
     g_ctx = &ctx;
+    if (cohort_bench::guard) return guard_step();
     std::map<std::string, std::vector<double>> runs;
     int rank = ctx.world_rank();
     if (rank == 0) {

@@ -1,5 +1,5 @@
 // Tuner bookkeeping with a no-op objective: what the tuner itself costs per trial and per result.
-//   mpirun -np 2 ./bench_tune [--smoke] [google-benchmark flags]   (storage: $TMPDIR or /tmp)
+//   mpirun -np 2 ./bench_tune [--smoke | --guard] [google-benchmark flags]   (storage: $TMPDIR or /tmp)
 //   trials/N     N trials of one report each, ranks_per_trial 1: wall time / N is the cost of a
 //                trial (suggest, assign, trainer setup, trial directory, params.json, result.json,
 //                progress.csv, scheduler, completion); reported as ms_per_trial
@@ -57,10 +57,35 @@ void results(benchmark::State& state) {
   }
 }
 
+/// --guard: 3 experiments of 300 one-report trials, in /dev/shm where there is one (a disk's
+/// write-back would time the disk); the median of their wall times per trial must stay <= 1 ms
+/// (docs/benchmarks.md: about 0.1 ms on tmpfs).
+void guard_trials() {
+  if (std::filesystem::is_directory("/dev/shm")) g_dir = std::filesystem::path("/dev/shm") / g_dir.filename();
+  std::vector<double> ms;
+  auto fn = [](cohort::context& ctx, nlohmann::json const& config) { ctx.report({{"score", config.at("x")}}); };
+  for (int round = 0; round < 3; ++round) {
+    bool ok = true;
+    double const s = cohort_bench::slowest_seconds([&] {
+      cohort::tuner tuner{fn, cohort::tune_config{.metric = "score", .num_samples = 300, .status_interval_s = 1e9}};
+      auto grid = tuner.fit(cohort::space{{"x", cohort::uniform(0, 1)}},
+                            {.name = "guard_" + std::to_string(g_run++), .storage_path = g_dir.string(), .verbose = 0});
+      ok = grid.ok() && grid.size() == 300;
+    });
+    if (!ok) {
+      std::fprintf(stderr, "error: the guard's experiment failed\n");
+      cohort_bench::failed = true;
+      return;
+    }
+    ms.push_back(s * 1e3 / 300);
+  }
+  cohort_bench::check_guard("tuner bookkeeping, ms per trial (median of 3 experiments of 300 trials)", cohort_bench::median(ms), true, 1.0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  cohort_bench::take_smoke_flag(argc, argv);
+  cohort_bench::take_mode_flags(argc, argv);
   cohort::environment env{argc, argv};
   benchmark::Initialize(&argc, argv);
   long pid = getpid();
@@ -69,7 +94,8 @@ int main(int argc, char** argv) {
   g_dir = std::filesystem::path(tmp ? tmp : "/tmp") / ("cohort_bench_tune_" + std::to_string(pid));
   benchmark::RegisterBenchmark("trials", trials)->Arg(cohort_bench::full_or_smoke(10'000, 20))->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
   benchmark::RegisterBenchmark("results", results)->Arg(cohort_bench::full_or_smoke(25'000, 40))->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
-  cohort_bench::run_all();
+  if (cohort_bench::guard) guard_trials();
+  else cohort_bench::run_all();
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Barrier(MPI_COMM_WORLD);
