@@ -83,6 +83,10 @@ inline bool ensure_mpi(int* argc, char*** argv) {
   MPI_Comm_rank(node, &job_local_rank());
   scaling::placement() = find_cpu_placement(node);
   MPI_Comm_free(&node);
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  comm::detail::spin_limit_us() =
+      comm::detail::spin_limit(world, job_ranks_on_node(), static_cast<int>(scaling::placement().node.size())).count();
   if (provided >= MPI_THREAD_MULTIPLE) comm::detail::job_alarm().start();  // tested from any waiting thread
   return true;
 }

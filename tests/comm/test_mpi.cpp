@@ -4,6 +4,7 @@
 #include <cohort/environment.hpp>
 
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <cstdint>
@@ -227,4 +228,26 @@ TEST_CASE("Open MPI runs with cohort's transport defaults unless the job set its
     CHECK(std::to_string(used) == set);
     if (std::string_view(set) == value) CHECK(used == std::atoi(value));
   }
+}
+
+TEST_CASE("waits spin on one node with a core per rank, and poll early across hosts or with more ranks than cores", "[comm][pure]") {
+  // Catches: a wait that sleeps between progress calls on shared memory (a two-rank ring of 1 MiB
+  // took twice as long), or one that spins across hosts (it takes the core from the backward
+  // pass it overlaps and from the network stack).
+  using cohort::comm::detail::spin_limit;
+  using std::chrono::microseconds;
+  CHECK(spin_limit(2, 2, 2) == microseconds(100'000));  // one node, a core each: up to long_wait
+  CHECK(spin_limit(1, 1, 1) == microseconds(100'000));
+  CHECK(spin_limit(4, 4, 2) == microseconds(50));  // more ranks than cores
+  CHECK(spin_limit(2, 1, 8) == microseconds(50));  // another host holds a rank
+  CHECK(spin_limit(8, 4, 16) == microseconds(50));
+}
+
+TEST_CASE("cohort's MPI start-up sets this job's spin limit from its ranks and cores", "[comm][mpi]") {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  auto const expected = cohort::comm::detail::spin_limit(world, cohort::detail::job_ranks_on_node(),
+                                                         static_cast<int>(cohort::scaling::placement().node.size()));
+  CHECK(cohort::comm::detail::spin_limit_us().load() == expected.count());
+  CHECK(cohort::detail::job_ranks_on_node() == world);  // the tests run on one node
 }

@@ -149,11 +149,11 @@ inline alarm& job_alarm() {
 /// How long a rank that ends the job waits after raising the alarm, so that the ranks waiting in
 /// collectives print their own line before MPI_Abort takes them down.
 inline constexpr auto alarm_grace = std::chrono::milliseconds(1000);
-/// After this long, a wait polls every poll_interval instead of spinning. A collective within one
-/// node completes inside it (shared memory: microseconds); one across hosts takes milliseconds,
-/// and a spinning poll would take the core from the backward pass it overlaps and from the
-/// kernel's network stack that carries it (bench/compare/hosts: the CNN across 2 hosts at
-/// 1 Gbit/s, docs/benchmarks.md).
+/// After this long, a wait of a job that spans hosts (or has more ranks than cores) polls every
+/// poll_interval instead of spinning: a collective across hosts takes milliseconds, and a
+/// spinning poll would take the core from the backward pass it overlaps and from the kernel's
+/// network stack that carries it (bench/compare/hosts: the CNN across 2 hosts at 1 Gbit/s,
+/// docs/benchmarks.md).
 inline constexpr auto spin_wait = std::chrono::microseconds(50);
 /// How often a wait past spin_wait polls; at 1 Gbit/s 20 us is 2.5 KB, far less than what the
 /// kernel's socket buffers hold, so the transfer does not stall between polls.
@@ -161,6 +161,24 @@ inline constexpr auto poll_interval = std::chrono::microseconds(20);
 /// After this long (another trial group's work, a peer's long evaluation), every 100 us.
 inline constexpr auto long_wait = std::chrono::milliseconds(100);
 inline constexpr auto long_poll_interval = std::chrono::microseconds(100);
+
+/// Pure: how long a wait spins before it polls, for a job of `world_ranks` ranks of which
+/// `ranks_on_node` run on this node of `node_cores` cores. Every rank on this node, a core each:
+/// long_wait. Shared memory moves a message only as the ranks' own progress calls copy it, so
+/// a sleeping poll stalls it: a two-rank ring all-reduce of 1 MiB (comm::mpi's Isend/Irecv
+/// pairs) took 330 us spinning and 630 us polling every 20 us after 50 us (docs/benchmarks.md,
+/// "Gradient synchronisation"). Across hosts, or with more ranks than cores: spin_wait.
+constexpr std::chrono::microseconds spin_limit(int world_ranks, int ranks_on_node, int node_cores) {
+  bool const one_node_a_core_each = world_ranks == ranks_on_node && ranks_on_node <= node_cores;
+  return one_node_a_core_each ? std::chrono::microseconds(long_wait) : spin_wait;
+}
+
+/// This process's spin limit (spin_limit), set when cohort starts MPI (environment.hpp); spin_wait
+/// until then, and where MPI was started by someone else.
+inline std::atomic<std::int64_t>& spin_limit_us() {
+  static std::atomic<std::int64_t> us{spin_wait.count()};
+  return us;
+}
 
 /// Sleeps `d` with a timer slack of 1 us on the calling thread (Linux's default, 50 us, would
 /// more than triple a 20 us poll interval).
@@ -214,9 +232,10 @@ inline void wait_all(MPI_Request* requests, int n, collective const& what, int t
     MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE);
     if (done) return;
     auto const now = clock::now();
-    // Past spin_wait (a transfer across hosts, another trial group's work, a peer's long
+    // Past the spin limit (a transfer across hosts, another trial group's work, a peer's long
     // evaluation), poll every poll_interval, leaving the core to whoever works meanwhile.
-    if (now - start > spin_wait) precise_sleep(now - start > long_wait ? long_poll_interval : poll_interval);
+    if (now - start > std::chrono::microseconds(spin_limit_us().load(std::memory_order_relaxed)))
+      precise_sleep(now - start > long_wait ? long_poll_interval : poll_interval);
     if (timeout_ms > 0 && now - start > std::chrono::milliseconds(timeout_ms))
       abort_job(timeout_message(world_rank(), what, timeout_ms, position()()));
     if (now < next_alarm_check) continue;
