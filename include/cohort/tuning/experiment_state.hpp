@@ -166,6 +166,13 @@ inline std::vector<nlohmann::json> parse_result_rows(std::string_view text) {
   return rows;
 }
 
+/// The rows of the result.json in the trial directory `dir` (parse_result_rows; none when there
+/// is no such file).
+inline std::vector<nlohmann::json> read_result_rows(std::filesystem::path const& dir) {
+  std::ifstream in(dir / "result.json", std::ios::binary);
+  return parse_result_rows(std::string{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()});
+}
+
 /// Restores `searcher` and `scheduler` (after their setup) from a parsed state of `file`. A
 /// state of the wrong shape (a missing key, a string for a number) is a cohort::error naming the
 /// file and the field, never another exception; the policies' own cohort::errors (another

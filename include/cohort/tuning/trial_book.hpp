@@ -128,8 +128,7 @@ class trial_book {
     next_ = state.next_trial;
     exhausted_ = state.searcher_exhausted;
     for (auto& t : state.trials) {
-      std::ifstream rows(exp_ / t.id / "result.json", std::ios::binary);
-      t.history = parse_result_rows(std::string{std::istreambuf_iterator<char>(rows), std::istreambuf_iterator<char>()});
+      t.history = read_result_rows(exp_ / t.id);
       if (t.status == "RUNNING" || t.status == "PENDING") {
         t.status = "PENDING";
         queue_.push_back(t.id);
@@ -356,12 +355,8 @@ class trial_book {
     t.id = candidate;
     t.config = *config;
     if (unlisted_.erase(candidate) > 0) {
-      if (same_trial(exp_ / candidate, t.config)) {  // begun before the interruption: resumed, its rows kept
-        std::ifstream rows(exp_ / candidate / "result.json", std::ios::binary);
-        t.history = parse_result_rows(std::string{std::istreambuf_iterator<char>(rows), std::istreambuf_iterator<char>()});
-      } else {
-        set_aside_orphan(exp_, candidate);
-      }
+      if (same_trial(exp_ / candidate, t.config)) t.history = read_result_rows(exp_ / candidate);  // resumed, its rows kept
+      else set_aside_orphan(exp_, candidate);
     }
     try {
       scheduler_.on_trial_add(t.id, t.config);
