@@ -53,7 +53,7 @@ void backward(benchmark::State& state, bool through_cohort) {
   std::optional<cohort::prepared_model<std::shared_ptr<blob>>> prepared;
   if (through_cohort) prepared.emplace(g_ctx->prepare_model(model));
   for (auto _ : state) {
-    model->zero_grad();  // in place, as LibTorch 1.13's optimizers do
+    model->zero_grad();  // LibTorch's default: .grad to none from 2.0, zeroed in place before
     cohort_bench::timed_iteration(state, [&] { model->loss().backward(); });
   }
   state.SetBytesProcessed(state.iterations() * state.range(0));
@@ -65,9 +65,9 @@ void cohort_backward(benchmark::State& state) { backward(state, true); }
 /// --guard: synchronising 1 MiB of gradients through prepare_model against a raw MPI_Allreduce of
 /// the same bytes, 9 alternating rounds of 20 of each (raw, backward without, backward through
 /// cohort), each timed as the benchmark times it (after a barrier, the slowest rank); the median
-/// of the rounds' throughput ratios, raw / (through cohort - without), must stay >= 0.2 (runs on
-/// the 2-core machine of docs/benchmarks.md give 0.33-0.6; a millisecond more per backward
-/// gives under 0.15).
+/// of the rounds' throughput ratios, raw / (through cohort - without), must stay >= 0.7 (runs on
+/// the 2-core machine of docs/benchmarks.md give 0.8-1.0; a .grad allocated and copied into its
+/// bucket per backward gives 0.5, a millisecond more per backward under 0.25).
 void guard_sync() {
   constexpr std::int64_t bytes = 1 << 20;
   constexpr int per_round = 20;
@@ -94,7 +94,7 @@ void guard_sync() {
     ratios.push_back(c > l ? r / (c - l) : 1e9);
   }
   cohort_bench::check_guard("1 MiB gradient sync throughput through cohort / raw MPI_Allreduce (median of 9 alternating rounds)",
-                            cohort_bench::median(ratios), false, 0.2);
+                            cohort_bench::median(ratios), false, 0.7);
 }
 
 void register_all() {

@@ -44,6 +44,42 @@ bool close(std::vector<torch::Tensor> const& a, std::vector<torch::Tensor> const
   return true;
 }
 
+/// Where autograd put each parameter's gradient: a hook after each accumulation (registered
+/// before prepare_model's, so run before them) notes .grad's storage; check_after_backward()
+/// clears `in_place` where .grad was then elsewhere.
+struct grad_storage_seen {
+  struct note final : torch::autograd::FunctionPostHook {
+    note(torch::Tensor p, void const** out) : param(std::move(p)), at(out) {}
+    torch::autograd::variable_list operator()(torch::autograd::variable_list const& outputs,
+                                              torch::autograd::variable_list const&) override {
+      *at = param.grad().data_ptr();
+      return outputs;
+    }
+    torch::Tensor param;
+    void const** at;
+  };
+  explicit grad_storage_seen(std::vector<torch::Tensor> params) : params(std::move(params)), where(this->params.size()) {
+    for (std::size_t i = 0; i < this->params.size(); ++i) {
+      auto acc = torch::autograd::impl::grad_accumulator(this->params[i]);
+      keys.push_back(acc->add_post_hook(std::make_unique<note>(this->params[i], &where[i])));
+      accumulators.push_back(std::move(acc));
+    }
+  }
+  ~grad_storage_seen() {
+    for (std::size_t i = 0; i < accumulators.size(); ++i) accumulators[i]->del_post_hook(keys[i]);
+  }
+  void check_after_backward() {
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (where[i] != nullptr && where[i] != params[i].grad().data_ptr()) in_place = false;
+    std::fill(where.begin(), where.end(), nullptr);
+  }
+  std::vector<torch::Tensor> params;
+  std::vector<void const*> where;
+  std::vector<decltype(torch::autograd::impl::grad_accumulator(std::declval<torch::Tensor const&>()))> accumulators;
+  std::vector<std::uintptr_t> keys;
+  bool in_place = true;
+};
+
 constexpr std::int64_t per_rank_batch = 5;
 constexpr int steps = 6;
 
@@ -76,7 +112,8 @@ std::vector<torch::Tensor> reference(int world, bool accumulate, int hidden = 8)
 /// Trains `steps` steps on this rank's part of each global batch and returns whether the final
 /// parameters match the one-process reference with the global batch, plus the bucket count.
 /// Tiny buckets (many in flight) unless `hidden` is given: then the default caps, and buckets
-/// as large as the hidden layer.
+/// as large as the hidden layer. "in_place": whether autograd accumulated every gradient straight
+/// into the storage that .grad holds after backward (the bucket slot), none into a fresh tensor.
 nlohmann::json train_and_compare(cohort::context& ctx, bool accumulate, bool set_to_none = false,
                                  cohort::reduce_on where = cohort::reduce_on::automatic, int hidden = 0) {
   auto expected = reference(ctx.world_size(), accumulate, hidden > 0 ? hidden : 8);
@@ -85,6 +122,7 @@ nlohmann::json train_and_compare(cohort::context& ctx, bool accumulate, bool set
                             : cohort::model_options{.bucket_cap_bytes = 60, .first_bucket_cap_bytes = 20, .reduce_on = where};
   mlp net(hidden > 0 ? hidden : 8);
   net->to(hidden > 0 ? torch::kDouble : torch::kFloat);
+  grad_storage_seen seen(net->parameters());  // its hooks run before prepare_model's
   auto model = ctx.prepare_model(net, options);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   auto const global = per_rank_batch * ctx.world_size();
@@ -105,9 +143,10 @@ nlohmann::json train_and_compare(cohort::context& ctx, bool accumulate, bool set
     } else {
       torch::mse_loss(model(xs), ys).backward();
     }
+    seen.check_after_backward();
     opt.step();
   }
-  return {{"close", close(flat_params(*model), expected, 1e-5)}, {"buckets", model.num_buckets()}};
+  return {{"close", close(flat_params(*model), expected, 1e-5)}, {"buckets", model.num_buckets()}, {"in_place", seen.in_place}};
 }
 
 }  // namespace
@@ -151,12 +190,18 @@ TEST_CASE("equivalence holds with gradient accumulation under no_sync", "[torch]
   for (auto const& v : r.return_values) CHECK(v["close"] == true);
 }
 
-TEST_CASE("equivalence holds when gradients are reset to none between steps", "[torch][equivalence][mpi]") {
-  auto r = cohort::trainer{[](cohort::context& ctx) { return train_and_compare(ctx, false, true); }}.fit(
-      nlohmann::json::object(), quiet("set_to_none"));
-  REQUIRE(r.ok());
-  REQUIRE(r.return_values.size() == static_cast<std::size_t>(cohort_test::world_size()));  // a loop over none checks nothing
-  for (auto const& v : r.return_values) CHECK(v["close"] == true);
+TEST_CASE("equivalence holds when gradients are reset to none between steps, accumulating into the buckets",
+          "[torch][equivalence][mpi]") {
+  for (bool accumulate : {false, true}) {
+    auto r = cohort::trainer{[&](cohort::context& ctx) { return train_and_compare(ctx, accumulate, true); }}.fit(
+        nlohmann::json::object(), quiet("set_to_none"));
+    REQUIRE(r.ok());
+    REQUIRE(r.return_values.size() == static_cast<std::size_t>(cohort_test::world_size()));  // a loop over none checks nothing
+    for (auto const& v : r.return_values) {
+      CHECK(v["close"] == true);
+      CHECK(v["in_place"] == true);  // a .grad allocated per step (and copied into its bucket) fails this
+    }
+  }
 }
 
 TEST_CASE("prepare_model broadcasts parameters and buffers from rank 0", "[torch][mpi]") {
