@@ -164,6 +164,53 @@ TEST_CASE("integer domains give JSON integers: randint excludes high, qrandint i
   CHECK(seen == std::set<long>{-6, -3, 0, 3, 6});
 }
 
+TEST_CASE("lograndint and qlograndint draw integers log-uniformly: each decade alike", "[tuning][pure]") {
+  // lograndint(1, 1000) = floor(10^(3u)): each of [1, 10), [10, 100), [100, 1000) has chance 1/3.
+  int decade[3] = {0, 0, 0};
+  auto const n = 6000;
+  for (auto const& v : draw(cohort::lograndint(1, 1000), n)) {
+    REQUIRE(v.is_number_integer());
+    auto const x = v.get<long>();
+    REQUIRE(x >= 1);
+    REQUIRE(x <= 999);  // high is exclusive
+    ++decade[x < 10 ? 0 : x < 100 ? 1 : 2];
+  }
+  for (int c : decade) CHECK(std::abs(c / double(n) - 1.0 / 3) < 0.03);  // 5 standard deviations: 0.0304
+
+  // qlograndint(10, 1000, 10): 10 * 10^(2u) rounded to a multiple of 10. A value <= 100 when the
+  // draw is below 105: chance log(10.5) / log(100) = 0.5106. 1000 (high) is reachable.
+  std::set<long> seen;
+  int low = 0;
+  for (auto const& v : draw(cohort::qlograndint(10, 1000, 10), n)) {
+    REQUIRE(v.is_number_integer());
+    auto const x = v.get<long>();
+    REQUIRE(x % 10 == 0);
+    REQUIRE(x >= 10);
+    REQUIRE(x <= 1000);
+    low += x <= 100;
+    seen.insert(x);
+  }
+  CHECK(std::abs(low / double(n) - 0.5106) < 0.03);
+  CHECK(seen.count(1000) == 1);
+  CHECK(seen.count(10) == 1);
+
+  auto d = cohort::qlograndint(16, 512, 16);
+  CHECK(d.is_log());
+  CHECK(d.is_integer());
+  CHECK(d.quantum() == 16.0);
+  CHECK(d.clamp_and_round(1000) == 512);
+  CHECK(d.clamp_and_round(1) == 16);
+  CHECK(d.clamp_and_round(40) == 32);  // 2.5 rounds half to even
+  CHECK(cohort::lograndint(2, 64).quantum() == 1.0);
+  CHECK(cohort::lograndint(2, 64).clamp_and_round(64) == 63);
+  CHECK(cohort::lograndint(2, 64).describe() == "lograndint(2, 64)");
+  CHECK(d.describe() == "qlograndint(16, 512, 16)");
+  CHECK_THROWS_WITH(cohort::lograndint(0, 10), contains_text("lograndint(0, 10): low must be > 0 for a log scale"));
+  CHECK_THROWS_WITH(cohort::lograndint(5, 5), contains_text("lograndint(5, 6) always gives 5"));
+  CHECK_THROWS_WITH(cohort::qlograndint(-4, 10, 2), contains_text("low must be > 0"));
+  CHECK_THROWS_WITH(cohort::qlograndint(5, 7, 4), contains_text("no multiple of q"));
+}
+
 TEST_CASE("randn draws have the requested mean and standard deviation", "[tuning][pure]") {
   auto v = draw(cohort::randn(3, 2), 20000);
   double sum = 0, sq = 0;

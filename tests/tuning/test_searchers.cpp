@@ -204,6 +204,8 @@ TEST_CASE("tpe models choice, integer, quantized and normal parameters and maxim
                    {"q", cohort::qrandint(0, 100, 10)},
                    {"z", cohort::qrandn(0, 1, 0.5)},
                    {"lr", cohort::qloguniform(1e-4, 1, 1e-4)},
+                   {"width", cohort::lograndint(8, 1024)},
+                   {"batch", cohort::qlograndint(16, 512, 16)},
                    {"fixed", "yes"},
                    {"derived", cohort::sample_from([](json const& c) { return c["n"].get<int>() + 1; })}};
   auto score = [](json const& c) {
@@ -228,6 +230,13 @@ TEST_CASE("tpe models choice, integer, quantized and normal parameters and maxim
     CHECK(std::fmod(std::fabs(c["z"].get<double>()), 0.5) == 0.0);
     CHECK(c["lr"].get<double>() >= 1e-4 - 1e-12);
     CHECK(c["lr"].get<double>() <= 1 + 1e-12);
+    REQUIRE(c["width"].is_number_integer());
+    CHECK(c["width"].get<int>() >= 8);
+    CHECK(c["width"].get<int>() < 1024);
+    REQUIRE(c["batch"].is_number_integer());
+    CHECK(c["batch"].get<int>() % 16 == 0);
+    CHECK(c["batch"].get<int>() >= 16);
+    CHECK(c["batch"].get<int>() <= 512);
     CHECK(c["fixed"] == "yes");
     CHECK(c["derived"] == c["n"].get<int>() + 1);
     if (i < 20) early += score(c);

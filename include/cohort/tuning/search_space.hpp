@@ -101,6 +101,14 @@ inline domain randint(std::int64_t low, std::int64_t high);
 /// An integer multiple of q uniform among the multiples of q in [low, high]: high is inclusive, as
 /// Ray documents it. A JSON integer.
 inline domain qrandint(std::int64_t low, std::int64_t high, std::int64_t q = 1);
+/// An integer whose logarithm is about uniform: floor(low * (high / low)^u), in [low, high) (high
+/// exclusive, as Ray's `tune.lograndint` and randint). Needs 0 < low < high. A JSON integer. (Ray's
+/// `base` argument is left out, as for loguniform: the distribution is the same in every base.)
+inline domain lograndint(std::int64_t low, std::int64_t high);
+/// `low * (high / low)^u` rounded to the nearest multiple of q among those in [low, high] (high
+/// inclusive, as Ray's `tune.qlograndint`). Needs 0 < low <= high and a multiple of q inside. A JSON
+/// integer.
+inline domain qlograndint(std::int64_t low, std::int64_t high, std::int64_t q);
 /// A float from the normal distribution N(mean, sd^2). Needs sd > 0.
 inline domain randn(double mean = 0.0, double sd = 1.0);
 /// `randn(mean, sd)` rounded to the nearest multiple of q: a float.
@@ -139,6 +147,8 @@ class domain {
         return k_to_value(std::nearbyint((klo_ * q_ + (khi_ - klo_) * q_ * detail::uniform01(rng)) / q_));
       case kind::loguniform: return log_draw(lo_, hi_, rng);
       case kind::qloguniform: return k_to_value(std::nearbyint(log_draw(klo_ * q_, khi_ * q_, rng) / q_));
+      case kind::lograndint: return integer_value(clamp_k(std::floor(log_draw(lo_, hi_, rng))));
+      case kind::qlograndint: return integer_value(clamp_k(std::nearbyint(log_draw(lo_, hi_, rng) / q_)));
       case kind::randint:
       case kind::qrandint: {  // in integers: a range as wide as int64's has more values than a double tells apart
         auto const span = static_cast<std::uint64_t>(ikhi_) - static_cast<std::uint64_t>(iklo_);  // values - 1
@@ -160,12 +170,17 @@ class domain {
   bool is_constant() const { return kind_ == kind::constant; }
   /// True for sample_from.
   bool is_function() const { return kind_ == kind::function; }
-  /// True for uniform, quniform, loguniform, qloguniform, randint, qrandint, randn and qrandn.
+  /// True for uniform, quniform, loguniform, qloguniform, randint, qrandint, lograndint,
+  /// qlograndint, randn and qrandn.
   bool is_numeric() const { return kind_ >= kind::uniform && kind_ <= kind::qrandn; }
-  /// True for randint and qrandint: their values are JSON integers.
-  bool is_integer() const { return kind_ == kind::randint || kind_ == kind::qrandint; }
-  /// True for loguniform and qloguniform.
-  bool is_log() const { return kind_ == kind::loguniform || kind_ == kind::qloguniform; }
+  /// True for randint, qrandint, lograndint and qlograndint: their values are JSON integers.
+  bool is_integer() const {
+    return kind_ == kind::randint || kind_ == kind::qrandint || kind_ == kind::lograndint || kind_ == kind::qlograndint;
+  }
+  /// True for loguniform, qloguniform, lograndint and qlograndint.
+  bool is_log() const {
+    return kind_ == kind::loguniform || kind_ == kind::qloguniform || kind_ == kind::lograndint || kind_ == kind::qlograndint;
+  }
 
   /// The values of a grid_search or choice (empty for other kinds).
   std::vector<nlohmann::json> const& values() const { return values_; }
@@ -177,17 +192,19 @@ class domain {
     numeric_or_throw("low()");
     return lo_;
   }
-  /// The upper bound as given: exclusive for randint, inclusive otherwise (+inf for randn).
+  /// The upper bound as given: exclusive for randint and lograndint, inclusive otherwise (+inf for
+  /// randn).
   /// Numeric domains only.
   double high() const {
     numeric_or_throw("high()");
     return hi_;
   }
-  /// The spacing of admissible values: q for quniform, qloguniform, qrandint and qrandn, 1 for
-  /// randint, nothing for continuous domains.
+  /// The spacing of admissible values: q for quniform, qloguniform, qrandint, qlograndint and
+  /// qrandn, 1 for randint and lograndint, nothing for continuous domains.
   std::optional<double> quantum() const {
-    if (kind_ == kind::randint) return 1.0;
-    if (kind_ == kind::quniform || kind_ == kind::qloguniform || kind_ == kind::qrandint || kind_ == kind::qrandn)
+    if (kind_ == kind::randint || kind_ == kind::lograndint) return 1.0;
+    if (kind_ == kind::quniform || kind_ == kind::qloguniform || kind_ == kind::qrandint || kind_ == kind::qlograndint ||
+        kind_ == kind::qrandn)
       return q_;
     return std::nullopt;
   }
@@ -205,8 +222,8 @@ class domain {
   }
 
   /// The admissible value nearest to `x`, as JSON of the domain's type: x clamped into
-  /// [low, high] (high - 1 for randint), rounded to the nearest multiple of q (or integer), an
-  /// integer for randint/qrandint and a float otherwise. Numeric domains only (PBT perturbs
+  /// [low, high] (high - 1 for randint and lograndint), rounded to the nearest multiple of q (or
+  /// integer), an integer for the integer domains and a float otherwise. Numeric domains only (PBT perturbs
   /// values by x1.2 / x0.8 and puts them back with this).
   nlohmann::json clamp_and_round(double x) const {
     numeric_or_throw("clamp_and_round()");
@@ -217,12 +234,9 @@ class domain {
       case kind::randn: return x;
       case kind::qrandn: return std::nearbyint(x / q_) * q_;
       case kind::randint:
-      case kind::qrandint: {  // clamp k = x / q into [klo, khi] before it becomes an integer
-        double const k = std::nearbyint(x / (kind_ == kind::randint ? 1.0 : q_));
-        if (k <= static_cast<double>(iklo_)) return integer_value(iklo_);
-        if (k >= static_cast<double>(ikhi_)) return integer_value(ikhi_);
-        return integer_value(static_cast<std::int64_t>(k));  // strictly between two int64s
-      }
+      case kind::qrandint:
+      case kind::lograndint:
+      case kind::qlograndint: return integer_value(clamp_k(std::nearbyint(x / static_cast<double>(iq_))));
       default:  // quniform, qloguniform: clamp k = x / q into [klo, khi]
         return k_to_value(std::nearbyint(std::clamp(x / q_, klo_, khi_)));
     }
@@ -245,6 +259,8 @@ class domain {
       case kind::qloguniform: return call("qloguniform", {lo_, hi_, q_});
       case kind::randint: return call("randint", {lo_, hi_});
       case kind::qrandint: return call("qrandint", {lo_, hi_, q_});
+      case kind::lograndint: return call("lograndint", {lo_, hi_});
+      case kind::qlograndint: return call("qlograndint", {lo_, hi_, q_});
       case kind::randn: return call("randn", {mean_, sd_});
       case kind::qrandn: return call("qrandn", {mean_, sd_, q_});
       case kind::function: return "sample_from(<function>)";
@@ -255,7 +271,7 @@ class domain {
  private:
   enum class kind {
     constant, grid, choice,                                                        // not numeric
-    uniform, quniform, loguniform, qloguniform, randint, qrandint, randn, qrandn,  // numeric, in this order
+    uniform, quniform, loguniform, qloguniform, randint, qrandint, lograndint, qlograndint, randn, qrandn,  // numeric
     function,
   };
   using function_type = std::function<nlohmann::json(nlohmann::json const&, std::mt19937_64&)>;
@@ -270,6 +286,8 @@ class domain {
   friend domain qloguniform(double, double, double);
   friend domain randint(std::int64_t, std::int64_t);
   friend domain qrandint(std::int64_t, std::int64_t, std::int64_t);
+  friend domain lograndint(std::int64_t, std::int64_t);
+  friend domain qlograndint(std::int64_t, std::int64_t, std::int64_t);
   friend domain randn(double, double);
   friend domain qrandn(double, double, double);
   friend domain sample_from(function_type);
@@ -303,11 +321,14 @@ class domain {
     d.hi_ = static_cast<double>(hi);
     d.q_ = static_cast<double>(q);
     std::string const what = d.describe();
-    if (k == kind::randint) {
+    if (d.is_log() && lo <= 0)
+      throw cohort::error(what + ": low must be > 0 for a log scale: use randint or qrandint for a range that includes 0");
+    if (k == kind::randint || k == kind::lograndint) {
       if (lo >= hi)
         throw cohort::error(what + ": needs low < high, high is exclusive: " +
                             (lo < std::numeric_limits<std::int64_t>::max()
-                                 ? "randint(" + std::to_string(lo) + ", " + std::to_string(lo + 1) + ") always gives " + std::to_string(lo)
+                                 ? what.substr(0, what.find('(')) + "(" + std::to_string(lo) + ", " + std::to_string(lo + 1) +
+                                       ") always gives " + std::to_string(lo)
                                  : std::string("lower low")));
       d.iklo_ = lo;
       d.ikhi_ = hi - 1;
@@ -349,10 +370,15 @@ class domain {
   /// The admissible value k * q of quniform and qloguniform.
   nlohmann::json k_to_value(double k) const { return k * q_; }
 
-  /// The admissible value of randint (k) or qrandint (k * q, within [low, high] for k in
-  /// [iklo_, ikhi_]), a JSON integer.
-  nlohmann::json integer_value(std::int64_t k) const {
-    return kind_ == kind::randint ? k : k * iq_;
+  /// The admissible value k * q of an integer domain (q = 1 for randint and lograndint; within
+  /// [low, high] for k in [iklo_, ikhi_]), a JSON integer.
+  nlohmann::json integer_value(std::int64_t k) const { return k * iq_; }
+
+  /// An integral `k` (a double) clamped into [iklo_, ikhi_] before it becomes an int64.
+  std::int64_t clamp_k(double k) const {
+    if (!(k > static_cast<double>(iklo_))) return iklo_;
+    if (k >= static_cast<double>(ikhi_)) return ikhi_;
+    return static_cast<std::int64_t>(k);  // strictly between two int64s
   }
 
   static double log_draw(double lo, double hi, std::mt19937_64& rng) {
@@ -401,6 +427,12 @@ inline domain randint(std::int64_t low, std::int64_t high) {
 }
 inline domain qrandint(std::int64_t low, std::int64_t high, std::int64_t q) {
   return domain::integral(domain::kind::qrandint, low, high, q);
+}
+inline domain lograndint(std::int64_t low, std::int64_t high) {
+  return domain::integral(domain::kind::lograndint, low, high, 1);
+}
+inline domain qlograndint(std::int64_t low, std::int64_t high, std::int64_t q) {
+  return domain::integral(domain::kind::qlograndint, low, high, q);
 }
 
 inline domain randn(double mean, double sd) { return domain::normal(domain::kind::randn, mean, sd, 1.0); }
@@ -581,7 +613,9 @@ namespace cohort {
 using tuning::choice;
 using tuning::domain;
 using tuning::grid_search;
+using tuning::lograndint;
 using tuning::loguniform;
+using tuning::qlograndint;
 using tuning::qloguniform;
 using tuning::qrandint;
 using tuning::qrandn;
