@@ -224,6 +224,16 @@ TEST_CASE("validator ranks under a tuner: each trial group's last rank validates
       CHECK(v.at("validator").get<int>() % 2 == 1);  // the second rank of some group
     }
   }
+  for (auto const& t : grid.trials) {  // every rank: the trial results carry their checkpoints
+    REQUIRE(t.checkpoints.size() == 2);
+    REQUIRE(t.checkpoint().has_value());
+    CHECK(t.checkpoint()->path == t.path / cohort::checkpointing::dir_name(2));
+    CHECK(t.checkpoint()->metrics.at("score") == 2 * t.config.at("x").get<double>());
+    auto const lowest = t.best_checkpoint({.metric = "score", .mode = cohort::min});
+    REQUIRE(lowest.has_value());
+    CHECK(lowest->path == t.path / cohort::checkpointing::dir_name(1));
+    CHECK_FALSE(t.best_checkpoint({.metric = "absent"}).has_value());
+  }
 }
 
 TEST_CASE("validator ranks that leave a trial no rank to train: one error on every rank before any trial", "[tuning][mpi][validation][bad-input]") {
@@ -279,6 +289,38 @@ TEST_CASE("stoppers end trials on a threshold and the experiment on a time budge
   REQUIRE(cut.ok());
   CHECK(cut.size() < 100);
   for (auto const& t : cut.trials) CHECK(t.metrics_history.size() < 1000);
+}
+
+TEST_CASE("best_result ranks trials by each scope: last, best of all, average of the last k", "[tuning][pure]") {
+  auto trial = [](std::string id, std::vector<double> scores) {
+    cohort::tuning::trial_result t;
+    t.id = std::move(id);
+    for (double s : scores) t.metrics_history.push_back({{"score", s}, {"other", 1}});
+    return t;
+  };
+  cohort::tuning::result_grid grid;
+  grid.trials = {trial("peaked", {1, 9, 2}),        // last 2, best 9, mean 4, mean of last 2: 5.5
+                 trial("steady", {4, 4, 4}),        // 4 everywhere
+                 trial("rising", {0, 1, 3}),        // last 3, best 3, mean 4/3, mean of last 2: 2
+                 trial("late", {5, 7}),             // last 7, best 7, mean 6, mean of last 2: 6
+                 trial("silent", {})};              // never reported the metric
+  grid.trials.back().metrics_history.push_back({{"other", 100}});
+  using cohort::tuning::scope;
+  auto best = [&](scope sc, cohort::order mode, std::size_t k = 0) {
+    return grid.best_result({.metric = "score", .mode = mode, .scope = sc, .last_k = k}).id;
+  };
+  CHECK(best(scope::last, cohort::max) == "late");
+  CHECK(best(scope::last, cohort::min) == "peaked");
+  CHECK(best(scope::all, cohort::max) == "peaked");
+  CHECK(best(scope::all, cohort::min) == "rising");
+  CHECK(best(scope::average_of_last, cohort::max) == "late");   // 6 > 4 = 4 > 4/3
+  CHECK(best(scope::average_of_last, cohort::min) == "rising");
+  CHECK(best(scope::average_of_last, cohort::max, 1) == "late");  // k = 1 is scope last
+  CHECK(best(scope::average_of_last, cohort::min, 2) == "rising");  // 2 < 4 < 5.5 < 6
+  grid.trials[3].metrics_history = {{{"score", 0}}, {{"score", 5}}, {{"score", 6}}};  // late: last 2 average 5.5, ties peaked
+  CHECK(best(scope::average_of_last, cohort::max, 2) == "peaked");  // ties: the first trial keeps it
+  CHECK(grid.trials[4].score({.metric = "score"}) != grid.trials[4].score({.metric = "score"}));  // NaN: never wins
+  CHECK_THROWS_WITH(grid.best_result({.metric = "absent"}), contains_text("no trial reported the metric 'absent'"));
 }
 
 TEST_CASE("a trial that throws is an ERROR trial; the others go on", "[tuning][mpi]") {

@@ -15,6 +15,7 @@
 
 #include "cohort/error.hpp"
 #include "cohort/order.hpp"
+#include "cohort/result.hpp"
 
 namespace cohort::tuning {
 
@@ -42,6 +43,33 @@ struct trial_result {
   std::vector<nlohmann::json> metrics_history;   ///< every result, in order
   std::filesystem::path path;                    ///< the trial directory
   std::optional<std::string> error;              ///< why it failed
+  /// Its committed checkpoints at the end, oldest first, each with the metrics of the report that
+  /// carried it (what its retention policy kept).
+  std::vector<checkpoint_info> checkpoints;
+
+  /// Its latest committed checkpoint (Ray's `Result.checkpoint`); none when it committed none.
+  std::optional<checkpoint_info> checkpoint() const {
+    if (checkpoints.empty()) return std::nullopt;
+    return checkpoints.back();
+  }
+
+  /// Its best committed checkpoint by `by.metric` and `by.mode` (Ray's
+  /// `Result.get_best_checkpoint`): checkpoints whose report lacks the metric never win, ties go
+  /// to the newest; none when no checkpoint has the metric.
+  std::optional<checkpoint_info> best_checkpoint(best_by const& by) const {
+    std::optional<checkpoint_info> best;
+    double best_value = 0;
+    for (auto const& c : checkpoints) {
+      if (!c.metrics.contains(by.metric) || !c.metrics[by.metric].is_number()) continue;
+      double const v = c.metrics[by.metric].get<double>();
+      if (std::isnan(v)) continue;
+      if (!best || (by.mode == cohort::order::max ? v >= best_value : v <= best_value)) {
+        best = c;
+        best_value = v;
+      }
+    }
+    return best;
+  }
 
   /// The trial's score by `by` (NaN when it has no such metric).
   double score(best_by const& by) const {
@@ -110,7 +138,7 @@ struct result_grid {
 
 inline void to_json(nlohmann::json& j, trial_result const& t) {
   j = {{"id", t.id}, {"status", t.status}, {"config", t.config}, {"metrics", t.metrics},
-       {"history", t.metrics_history}, {"path", t.path.string()}};
+       {"history", t.metrics_history}, {"path", t.path.string()}, {"checkpoints", t.checkpoints}};
   if (t.error) j["error"] = *t.error;
 }
 inline void from_json(nlohmann::json const& j, trial_result& t) {
@@ -121,6 +149,7 @@ inline void from_json(nlohmann::json const& j, trial_result& t) {
   t.metrics_history = j.at("history").get<std::vector<nlohmann::json>>();
   t.path = j.at("path").get<std::string>();
   if (j.contains("error")) t.error = j["error"].get<std::string>();
+  if (j.contains("checkpoints")) t.checkpoints = j["checkpoints"].get<std::vector<checkpoint_info>>();
 }
 
 }  // namespace cohort::tuning

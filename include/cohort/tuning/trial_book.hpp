@@ -297,8 +297,16 @@ class trial_book {
     out.reserve(order_.size());
     for (auto const& id : order_) {
       auto& t = trials_.at(id);
-      tuning::trial_result r{t.id, t.status, t.config, t.last(), std::move(t.history), exp_ / t.id, std::nullopt};
+      tuning::trial_result r;
+      r.id = t.id;
+      r.status = t.status;
+      r.config = t.config;
+      r.metrics = t.last();
+      r.metrics_history = std::move(t.history);
+      r.path = exp_ / t.id;
       if (!t.error.empty()) r.error = t.error;
+      for (auto const& dir : checkpointing::committed(r.path))
+        r.checkpoints.push_back({dir, cohort::checkpoint::from_directory(dir).metadata().value("metrics", nlohmann::json::object())});
       out.push_back(std::move(r));
     }
     return out;
