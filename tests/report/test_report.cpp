@@ -111,9 +111,9 @@ TEST_CASE("the console printer writes every line, in order, by drain() and by it
 
 TEST_CASE("the trial table shows each trial's status, parameters and metric; the CSV has one row per trial", "[report][pure]") {
   std::vector<cohort::report::trial_row> trials{
-      {"trial_00000", "TERMINATED", {{"lr", 0.1}, {"opt", {{"m", 0.9}}}}, {{"acc", 0.5}, {"training_iteration", 3}, {"time_total_s", 1.5}}, "/x/trial_00000", ""},
-      {"trial_00001", "RUNNING", {{"lr", 0.01}, {"opt", {{"m", 0.8}}}}, {{"acc", 0.25}, {"training_iteration", 1}, {"time_total_s", 0.5}}, "/x/trial_00001", ""},
-      {"trial_00002", "ERROR", {{"lr", 1.0}, {"opt", {{"m", 0.0}}}}, nlohmann::json::object(), "/x/trial_00002", "boom, \"bad\""}};
+      {"trial_00000", "TERMINATED", {{"lr", 0.1}, {"opt", {{"m", 0.9}}}}, {{"acc", 0.5}, {"training_iteration", 3}, {"time_total_s", 1.5}}, "/x/trial_00000", "", 0},
+      {"trial_00001", "RUNNING", {{"lr", 0.01}, {"opt", {{"m", 0.8}}}}, {{"acc", 0.25}, {"training_iteration", 1}, {"time_total_s", 0.5}}, "/x/trial_00001", "", 0},
+      {"trial_00002", "ERROR", {{"lr", 1.0}, {"opt", {{"m", 0.0}}}}, nlohmann::json::object(), "/x/trial_00002", "boom, \"bad\"", 0}};
   auto table = cohort::report::trial_table(trials, 12.0, {.metric = "acc", .scheduler = "Using FIFO scheduling algorithm."});
   CHECK_THAT(table, contains_text("3 trials: 1 ERROR 1 RUNNING 1 TERMINATED\nUsing FIFO scheduling algorithm.\n"
                                   "Current best trial: trial_00000 with acc=0.5 and parameters={\"lr\":0.1,\"opt\":{\"m\":0.9}}\n+--"));
@@ -123,6 +123,15 @@ TEST_CASE("the trial table shows each trial's status, parameters and metric; the
   auto csv = cohort::report::trials_csv(trials);
   CHECK(csv.substr(0, csv.find('\n')) == "trial_id,status,acc,time_total_s,training_iteration,config/lr,config/opt/m,logdir,error");
   CHECK_THAT(csv, contains_text("trial_00002,ERROR,,,,1,0,/x/trial_00002,\"boom, \"\"bad\"\"\""));
+
+  // A trial that failed and runs again (tune_config::max_failures): its failures in both.
+  trials[1].failures = 2;
+  table = cohort::report::trial_table(trials, 12.0, {.metric = "acc"});
+  CHECK_THAT(table, contains_text("| trial       | status     | lr   | opt/m | acc  | iter | total time (s) | failures |"));
+  CHECK_THAT(table, contains_text("| 0.5            | 2        |"));
+  csv = cohort::report::trials_csv(trials);
+  CHECK(csv.substr(0, csv.find('\n')) == "trial_id,status,acc,time_total_s,training_iteration,config/lr,config/opt/m,logdir,num_failures,error");
+  CHECK_THAT(csv, contains_text("trial_00001,RUNNING,0.25,0.5,1,0.01,0.8,/x/trial_00001,2,\n"));
 }
 
 namespace {
@@ -139,9 +148,9 @@ TEST_CASE("the HTML report: the trials table, one plot per metric with a line pe
   // infinity drawn (an SVG that does not render), a trial with results and no line.
   using cohort::report::trial_row;
   std::vector<trial_row> trials{
-      {"trial_00000", "TERMINATED", {{"lr", 0.1}, {"note", "<b>bold</b>"}}, {{"loss", 0.5}, {"training_iteration", 3}}, "/x/trial_00000", ""},
-      {"trial_00001", "TERMINATED", {{"lr", 0.2}, {"note", "a & b"}}, {{"loss", 0.4}, {"training_iteration", 3}}, "/x/trial_00001", ""},
-      {"trial_00002", "ERROR", {{"lr", 9.0}, {"note", "x"}}, nlohmann::json::object(), "/x/trial_00002", "diverged: \"loss\" too high"}};
+      {"trial_00000", "TERMINATED", {{"lr", 0.1}, {"note", "<b>bold</b>"}}, {{"loss", 0.5}, {"training_iteration", 3}}, "/x/trial_00000", "", 0},
+      {"trial_00001", "TERMINATED", {{"lr", 0.2}, {"note", "a & b"}}, {{"loss", 0.4}, {"training_iteration", 3}}, "/x/trial_00001", "", 0},
+      {"trial_00002", "ERROR", {{"lr", 9.0}, {"note", "x"}}, nlohmann::json::object(), "/x/trial_00002", "diverged: \"loss\" too high", 0}};
   auto row = [](int iteration, double loss) {
     return nlohmann::json{{"loss", loss}, {"training_iteration", iteration}, {"time_total_s", iteration * 0.5}, {"timestamp", 1700000000 + iteration}};
   };
@@ -203,7 +212,7 @@ TEST_CASE("the current best trial is the first with the best last value of the m
   // choice), a trial without the metric (or NaN there) taken as the best, a nested metric missed.
   using cohort::report::best_trial_line;
   auto row = [](std::string id, nlohmann::json last) {
-    return cohort::report::trial_row{id, "RUNNING", {{"x", id.back() - '0'}}, std::move(last), "", ""};
+    return cohort::report::trial_row{id, "RUNNING", {{"x", id.back() - '0'}}, std::move(last), "", "", 0};
   };
   std::vector<cohort::report::trial_row> trials{
       row("t1", {{"loss", 0.5}, {"m", {{"acc", 0.7}}}}), row("t2", {{"loss", 0.25}, {"m", {{"acc", 0.9}}}}),

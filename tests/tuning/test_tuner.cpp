@@ -341,6 +341,91 @@ TEST_CASE("a trial that throws is an ERROR trial; the others go on", "[tuning][m
 
 namespace {
 
+/// A trial of 5 reports (score = x * step), those of even steps with a checkpoint holding the step,
+/// resumed from ctx.checkpoint(). Each attempt appends the step it starts after to
+/// `log`/attempts_<x>; the trial with x == `failing` throws right after its report of step 3 on
+/// its first attempt and of step 5 on its second (each after its last checkpoint).
+struct flaky {
+  std::filesystem::path log;
+  int failing = -1;
+  void operator()(cohort::context& ctx, nlohmann::json const& config) const {
+    int const x = config.at("x").get<int>();
+    int start = 0;
+    if (ctx.checkpoint()) std::ifstream(ctx.checkpoint()->path() / "step") >> start;
+    auto const attempts_file = log / ("attempts_" + std::to_string(x));
+    auto const attempt = lines_of(attempts_file) + 1;
+    std::ofstream(attempts_file, std::ios::app) << start << "\n";
+    for (int i = start + 1; i <= 5; ++i) {
+      if (i % 2 == 0)
+        ctx.report({{"score", x * i}}, cohort::checkpoint_payload{[i](std::filesystem::path const& dir, int) { std::ofstream(dir / "step") << i; }});
+      else
+        ctx.report({{"score", x * i}});
+      if (x == failing && ((attempt == 1 && i == 3) || (attempt == 2 && i == 5)))
+        throw std::runtime_error("flaky failure " + std::to_string(attempt));
+    }
+  }
+};
+
+/// The trials' (config x, each result's training_iteration and score), in trial order.
+std::vector<std::vector<std::pair<int, int>>> runs_of(cohort::tuning::result_grid const& grid) {
+  std::vector<std::vector<std::pair<int, int>>> out;
+  for (auto const& t : grid.trials) {
+    out.emplace_back();
+    for (auto const& row : t.metrics_history) out.back().emplace_back(row.at("training_iteration").get<int>(), row.at("score").get<int>());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("max_failures: a trial that throws runs again from its latest checkpoint, then ERROR past the limit", "[tuning][mpi]") {
+  // Catches: no retry, a retry from scratch (attempts not starting at steps 2 and 4), rows of a
+  // failed attempt left in the history (iterations 3 and 5 twice), failures not counted, a limit
+  // off by one.
+  auto const storage = cohort_test::scratch("tune_retries");
+  auto fit = [&](std::string const& name, int failing, int max_failures) {
+    auto const log = storage / (name + "_log");
+    std::filesystem::create_directories(log);
+    cohort::tuner tuner{flaky{log, failing}, cohort::tune_config{.metric = "score", .status_interval_s = 1e9, .max_failures = max_failures}};
+    return std::pair{tuner.fit(cohort::space{{"x", cohort::grid_search({1, 2, 3})}},
+                               {.name = name, .storage_path = storage.string(), .verbose = 0, .abort_timeout_ms = 5000}),
+                     log};
+  };
+  auto [unfailed, unfailed_log] = fit("unfailed", -1, 0);
+  auto [retried, retried_log] = fit("retried", 2, 2);
+  REQUIRE(unfailed.ok());
+  REQUIRE(retried.ok());
+  REQUIRE(retried.size() == 3);
+  CHECK(retried.num_errors() == 0);
+  CHECK(runs_of(retried) == runs_of(unfailed));  // the same results, each iteration once
+  CHECK(retried.best_result().id == unfailed.best_result().id);
+  CHECK(retried.trials[1].status == "TERMINATED");
+  CHECK(retried.trials[1].num_failures == 2);
+  CHECK(retried.trials[0].num_failures == 0);
+  REQUIRE(retried.trials[1].checkpoint().has_value());
+  CHECK(retried.trials[1].checkpoint()->path.filename() == cohort::checkpointing::dir_name(4));
+  if (world_rank() == 0) {  // the attempts started after steps 0, 2 (checkpoint 2), 4 (checkpoint 4)
+    std::ifstream in(retried_log / "attempts_2");
+    std::string starts((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(starts == "0\n2\n4\n");
+    std::ifstream csv(storage / "retried" / "trials.csv");
+    std::string header;
+    std::getline(csv, header);
+    CHECK_THAT(header, contains_text("num_failures"));
+  }
+
+  auto [limited, limited_log] = fit("limited", 2, 1);  // a second failure is one too many
+  REQUIRE(limited.ok());
+  REQUIRE(limited.size() == 3);
+  CHECK(limited.num_errors() == 1);
+  CHECK(limited.trials[1].status == "ERROR");
+  CHECK(limited.trials[1].num_failures == 2);
+  CHECK_THAT(limited.trials[1].error.value_or(""), contains_text("flaky failure 2"));
+  CHECK(limited.trials[2].status == "TERMINATED");
+}
+
+namespace {
+
 /// Waits (at most 60 s) until one of `files` exists: an event between trial groups, which a
 /// timing on a busy machine could miss.
 void wait_for_file(std::initializer_list<std::filesystem::path> files) {

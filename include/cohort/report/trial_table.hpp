@@ -24,6 +24,7 @@ struct trial_row {
   nlohmann::json last = nlohmann::json::object();    ///< its last result (empty before the first)
   std::string path;                              ///< the trial directory
   std::string error;                             ///< why it failed, if it did
+  std::size_t failures = 0;                      ///< times its functor threw (tune_config::max_failures)
 };
 
 namespace detail {
@@ -104,6 +105,8 @@ inline std::string trial_table(std::vector<trial_row> const& trials, double elap
   if (!metric.empty()) head.push_back(metric);
   head.push_back("iter");
   head.push_back("total time (s)");
+  bool const any_failed = std::any_of(trials.begin(), trials.end(), [](auto const& t) { return t.failures > 0; });
+  if (any_failed) head.push_back("failures");
 
   auto rank_of = [](std::string const& s) {
     static std::string const by_status[] = {"RUNNING", "PAUSED", "PENDING", "TERMINATED", "ERROR"};
@@ -126,6 +129,7 @@ inline std::string trial_table(std::vector<trial_row> const& trials, double elap
     if (!metric.empty()) row.push_back(last.contains(metric) ? detail::cell(last[metric]) : "");
     row.push_back(last.contains("training_iteration") ? detail::cell(last["training_iteration"]) : "");
     row.push_back(last.contains("time_total_s") ? detail::cell(last["time_total_s"]) : "");
+    if (any_failed) row.push_back(t->failures > 0 ? std::to_string(t->failures) : "");
     cells.push_back(std::move(row));
   }
   std::vector<std::size_t> width(head.size(), 0);
@@ -174,6 +178,7 @@ inline trial_cells cells_of(std::vector<trial_row> const& trials) {
     for (auto const& [k, v] : flatten(t.last)) add(row, k, detail::cell(v));
     for (auto const& [k, v] : flatten(t.config)) add(row, "config/" + k, detail::cell(v));
     add(row, "logdir", t.path);
+    if (t.failures > 0) add(row, "num_failures", std::to_string(t.failures));
     if (!t.error.empty()) add(row, "error", t.error);
     out.rows.push_back(std::move(row));
   }

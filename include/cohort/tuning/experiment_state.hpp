@@ -32,6 +32,7 @@ struct trial_state {
   std::vector<nlohmann::json> history;
   std::string restore_from;     ///< a checkpoint to start from (PBT's clone of a donor's)
   std::string error;
+  std::size_t failures = 0;     ///< times its functor threw (each retried while tune_config.max_failures allows)
   bool resumed_after_pause = false;
   std::optional<scheduling_decision> exploit;  ///< set between an exploit decision and the trial's end
 
@@ -42,7 +43,7 @@ struct trial_state {
 /// A trial in experiment_state.json: everything but its history, which its own result.json holds.
 inline void to_json(nlohmann::json& j, trial_state const& t) {
   j = {{"id", t.id}, {"status", t.status}, {"config", t.config}, {"last", t.last()},
-       {"restore_from", t.restore_from}, {"error", t.error}};
+       {"restore_from", t.restore_from}, {"error", t.error}, {"failures", t.failures}};
 }
 
 /// experiment_state.json: what the coordinator wrote at its last state write.
@@ -73,8 +74,8 @@ inline std::optional<std::size_t> trial_number(std::string_view id) {
 /// Parses the text of experiment_state.json (`file` names it in errors) and checks it: a JSON
 /// object with "searcher" and "scheduler", a trial count "next_trial", and "trials", each with
 /// an id trial_NNNNN below next_trial (unique), a known status, a config, an object last
-/// result, and optional strings restore_from (a checkpoint in the trial's own directory, taken
-/// by name under the file's directory) and error. Throws cohort::error naming the file
+/// result, optional strings restore_from (a checkpoint in the trial's own directory, taken
+/// by name under the file's directory) and error, and an optional failure count. Throws cohort::error naming the file
 /// and the field otherwise; the searcher's and scheduler's states are checked by restore_policies.
 inline experiment_state parse_experiment_state(std::string_view text, std::filesystem::path const& file) {
   nlohmann::json state;
@@ -140,6 +141,11 @@ inline experiment_state parse_experiment_state(std::string_view text, std::files
       t.restore_from = (file.parent_path() / t.id / name).string();
     }
     t.error = optional_string("error");
+    if (j.contains("failures")) {
+      if (!j["failures"].is_number_unsigned())
+        throw bad("field '" + field + ".failures' is " + j["failures"].dump() + ", not a failure count");
+      t.failures = j["failures"].get<std::size_t>();
+    }
     out.trials.push_back(std::move(t));
   }
   return out;

@@ -44,7 +44,7 @@ inline std::string encode_trials(std::vector<tuning::trial_result> const& trials
   for (std::size_t i = 0; i < trials.size(); ++i) {
     auto const& t = trials[i];
     nlohmann::json head{{"id", t.id}, {"status", t.status}, {"config", t.config}, {"metrics", t.metrics}, {"path", t.path.string()},
-                        {"checkpoints", t.checkpoints}};
+                        {"checkpoints", t.checkpoints}, {"num_failures", t.num_failures}};
     if (t.error) head["error"] = *t.error;
     text += i ? ",{" : "{";
     auto h = head.dump();

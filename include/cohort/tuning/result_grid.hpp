@@ -43,6 +43,7 @@ struct trial_result {
   std::vector<nlohmann::json> metrics_history;   ///< every result, in order
   std::filesystem::path path;                    ///< the trial directory
   std::optional<std::string> error;              ///< why it failed
+  std::size_t num_failures = 0;                  ///< times its functor threw (tune_config::max_failures retries)
   /// Its committed checkpoints at the end, oldest first, each with the metrics of the report that
   /// carried it (what its retention policy kept).
   std::vector<checkpoint_info> checkpoints;
@@ -138,7 +139,8 @@ struct result_grid {
 
 inline void to_json(nlohmann::json& j, trial_result const& t) {
   j = {{"id", t.id}, {"status", t.status}, {"config", t.config}, {"metrics", t.metrics},
-       {"history", t.metrics_history}, {"path", t.path.string()}, {"checkpoints", t.checkpoints}};
+       {"history", t.metrics_history}, {"path", t.path.string()}, {"checkpoints", t.checkpoints},
+       {"num_failures", t.num_failures}};
   if (t.error) j["error"] = *t.error;
 }
 inline void from_json(nlohmann::json const& j, trial_result& t) {
@@ -149,6 +151,7 @@ inline void from_json(nlohmann::json const& j, trial_result& t) {
   t.metrics_history = j.at("history").get<std::vector<nlohmann::json>>();
   t.path = j.at("path").get<std::string>();
   if (j.contains("error")) t.error = j["error"].get<std::string>();
+  t.num_failures = j.value("num_failures", std::size_t{0});
   if (j.contains("checkpoints")) t.checkpoints = j["checkpoints"].get<std::vector<checkpoint_info>>();
 }
 

@@ -14,6 +14,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -183,6 +184,7 @@ class trial_book {
     try {
       d = scheduler_.on_trial_result(t.id, row);
     } catch (std::exception const& e) {
+      failed_by_tuner_.insert(t.id);  // not the trial's fault: not retried
       return {{"what", "error"}, {"error", std::string("the scheduler failed on ") + t.id + ": " + e.what()}};
     }
     apply_paused_decisions();
@@ -207,7 +209,9 @@ class trial_book {
     auto const outcome = msg.at("outcome").get<std::string>();
     --running_;
     dirty_ = true;
-    if (outcome == "error") {
+    if (outcome == "error" && retry(t, msg.value("error", std::string("failed")))) {
+      // runs again from its latest checkpoint: the searcher and scheduler see one trial going on
+    } else if (outcome == "error") {
       t.status = "ERROR";
       t.error = msg.value("error", std::string("failed"));
       safely([&] { searcher_.on_trial_complete(t.id, nlohmann::json()); });
@@ -240,6 +244,32 @@ class trial_book {
     apply_paused_decisions();
   }
 
+  /// A trial whose functor threw: counted, and queued first to run again from its latest committed
+  /// checkpoint while tune_config::max_failures allows (true), its results after that checkpoint
+  /// dropped from its history (the rerun reports them again). False: it is to end as ERROR.
+  bool retry(trial_state& t, std::string const& why) {
+    if (failed_by_tuner_.erase(t.id)) return false;
+    ++t.failures;
+    if (cfg_.max_failures >= 0 && t.failures > static_cast<std::size_t>(cfg_.max_failures)) return false;
+    if (!fatal_.empty() || stopping_) return false;
+    std::int64_t from = 0;  // the iteration it resumes after: its latest committed checkpoint's
+    auto const kept = checkpointing::committed(exp_ / t.id);
+    if (!kept.empty()) from = cohort::checkpoint::from_directory(kept.back()).metadata().value("training_iteration", std::int64_t{0});
+    else if (!t.restore_from.empty()) from = -1;  // a PBT clone of another trial's checkpoint: its rows stay
+    if (from >= 0)
+      std::erase_if(t.history, [&](auto const& row) { return row.value("training_iteration", std::int64_t{0}) > from; });
+    std::cerr << "[cohort] " + t.id + " failed (failure " + std::to_string(t.failures) +
+                     (cfg_.max_failures < 0 ? std::string{} : " of at most " + std::to_string(cfg_.max_failures) + " retried") +
+                     "): " + why + "; it runs again from " +
+                     (kept.empty() ? (t.restore_from.empty() ? std::string("the start") : t.restore_from)
+                                   : kept.back().filename().string()) +
+                     "\n"
+              << std::flush;
+    t.status = "PENDING";
+    queue_.push_front(t.id);
+    return true;
+  }
+
   /// The experiment's time budget (the stoppers' stop_all): true once it is spent, after which
   /// no trial starts and every running one stops at its next result.
   bool out_of_budget() {
@@ -269,7 +299,7 @@ class trial_book {
     std::vector<report::trial_row> out;
     for (auto const& id : order_) {
       auto const& t = trials_.at(id);
-      out.push_back({t.id, t.status, t.config, t.last(), (exp_ / t.id).string(), t.error});
+      out.push_back({t.id, t.status, t.config, t.last(), (exp_ / t.id).string(), t.error, t.failures});
     }
     return out;
   }
@@ -304,6 +334,7 @@ class trial_book {
       r.metrics = t.last();
       r.metrics_history = std::move(t.history);
       r.path = exp_ / t.id;
+      r.num_failures = t.failures;
       if (!t.error.empty()) r.error = t.error;
       for (auto const& dir : checkpointing::committed(r.path))
         r.checkpoints.push_back({dir, cohort::checkpoint::from_directory(dir).metadata().value("metrics", nlohmann::json::object())});
@@ -478,6 +509,7 @@ class trial_book {
   std::deque<std::string> queue_, paused_;
   std::set<std::string> unlisted_;  ///< on restore: directories the state does not list, until suggested again
   std::set<std::string> stop_when_paused_, resume_when_paused_;  ///< decided while the trial was still pausing
+  std::set<std::string> failed_by_tuner_;  ///< trials the scheduler failed on: their error is not retried
   std::size_t next_ = 0, running_ = 0, clones_ = 0;
   bool exhausted_ = false, stopping_ = false, dirty_ = true, restored_ = false;
   std::string fatal_, preempted_;

@@ -23,6 +23,10 @@ struct tune_config {
   /// Class trainables (setup/step/save_checkpoint/load_checkpoint): checkpoint every this many
   /// steps (and at a step whose result says "done"); 0 never.
   std::size_t checkpoint_frequency = 1;
+  /// A trial whose functor throws runs again on a free group, from its latest committed
+  /// checkpoint (from the start when it has none), up to this many times; the next failure makes
+  /// it ERROR (Ray's FailureConfig(max_failures)). 0: the first failure does; -1: without limit.
+  int max_failures = 0;
 };
 
 }  // namespace cohort
