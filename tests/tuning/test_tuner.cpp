@@ -424,6 +424,86 @@ TEST_CASE("max_failures: a trial that throws runs again from its latest checkpoi
   CHECK(limited.trials[2].status == "TERMINATED");
 }
 
+TEST_CASE("restore options: ERROR trials kept, resumed from their checkpoint or restarted; unfinished ones ended", "[tuning][mpi]") {
+  // Catches: an option ignored, a resumed ERROR trial started over (or its old rows kept twice),
+  // a restarted one resumed (or its directory deleted), an unfinished trial run though
+  // resume_unfinished is false.
+  auto const storage = cohort_test::scratch("tune_restore_options");
+  auto fit = [&](std::string const& name, int failing, cohort::tune_config cfg) {
+    auto const log = storage / (name + "_log");
+    std::filesystem::create_directories(log);
+    cfg.metric = "score";
+    cfg.status_interval_s = 1e9;
+    cohort::tuner tuner{flaky{log, failing}, cfg};
+    return tuner.fit(cohort::space{{"x", cohort::grid_search({1, 2, 3})}},
+                     {.name = name, .storage_path = storage.string(), .verbose = 0, .abort_timeout_ms = 5000});
+  };
+  auto starts = [&](std::string const& name, int x) {
+    std::ifstream in(storage / (name + "_log") / ("attempts_" + std::to_string(x)));
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  auto iterations = [](cohort::tuning::trial_result const& t) {
+    std::vector<int> out;
+    for (auto const& row : t.metrics_history) out.push_back(row.at("training_iteration").get<int>());
+    return out;
+  };
+  for (std::string name : {"kept", "resumed", "restarted"}) {
+    auto first = fit(name, 2, {});
+    REQUIRE(first.ok());
+    REQUIRE(first.trials.at(1).status == "ERROR");  // after its report of step 3; checkpoint 2 committed
+  }
+
+  auto kept = fit("kept", -1, {});
+  REQUIRE(kept.ok());
+  CHECK(kept.trials.at(1).status == "ERROR");
+  CHECK(kept.num_errors() == 1);
+  if (world_rank() == 0) CHECK(starts("kept", 2) == "0\n");  // not run again
+
+  auto resumed = fit("resumed", -1, {.resume_errored = true});
+  REQUIRE(resumed.ok());
+  CHECK(resumed.num_errors() == 0);
+  CHECK(resumed.trials.at(1).status == "TERMINATED");
+  CHECK(iterations(resumed.trials.at(1)) == std::vector<int>{1, 2, 3, 4, 5});  // step 3 once
+  if (world_rank() == 0) CHECK(starts("resumed", 2) == "0\n2\n");  // from checkpoint 2
+
+  auto restarted = fit("restarted", -1, {.restart_errored = true});
+  REQUIRE(restarted.ok());
+  CHECK(restarted.num_errors() == 0);
+  CHECK(restarted.trials.at(1).status == "TERMINATED");
+  CHECK(iterations(restarted.trials.at(1)) == std::vector<int>{1, 2, 3, 4, 5});
+  if (world_rank() == 0) {
+    CHECK(starts("restarted", 2) == "0\n0\n");  // from the start
+    int aside = 0;  // the first attempt's directory, moved aside with its checkpoint
+    for (auto const& e : std::filesystem::directory_iterator(storage / "restarted"))
+      if (e.path().filename().string().starts_with("trial_00001.restarted_")) {
+        ++aside;
+        CHECK(std::filesystem::exists(e.path() / cohort::checkpointing::dir_name(2) / "step"));
+      }
+    CHECK(aside == 1);
+  }
+
+  // An unfinished trial (as a killed job leaves it: PENDING in experiment_state.json), restored
+  // with resume_unfinished = false: it ends as it was.
+  auto done = fit("unfinished", -1, {});
+  REQUIRE(done.ok());
+  if (world_rank() == 0) {
+    auto const file = storage / "unfinished" / "experiment_state.json";
+    std::ifstream in(file);
+    auto state = nlohmann::json::parse(in);
+    in.close();
+    state["trials"][2]["status"] = "PENDING";
+    std::ofstream(file) << state.dump();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto ended = fit("unfinished", -1, {.resume_unfinished = false});
+  REQUIRE(ended.ok());
+  CHECK(ended.trials.at(2).status == "TERMINATED");
+  if (world_rank() == 0) CHECK(starts("unfinished", 3) == "0\n");  // not run again
+
+  auto both = fit("both", -1, {.resume_errored = true, .restart_errored = true});
+  CHECK_THAT(both.error.value_or(""), contains_text("resume_errored and restart_errored are both set: choose one"));
+}
+
 namespace {
 
 /// Waits (at most 60 s) until one of `files` exists: an event between trial groups, which a

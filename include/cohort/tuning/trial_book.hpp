@@ -95,12 +95,14 @@ inline bool same_trial(std::filesystem::path const& dir, nlohmann::json const& c
   return !params.is_discarded() && params == config;
 }
 
+/// Moves a trial directory aside as <id><why><time> (kept, not deleted), if it exists.
+inline void set_aside(std::filesystem::path const& exp, std::string const& id, char const* why) {
+  std::error_code ec;
+  if (std::filesystem::exists(exp / id, ec)) std::filesystem::rename(exp / id, exp / (id + why + cohort::detail::utc_stamp()), ec);
+}
 /// Moves an unlisted trial directory that is not resumed aside as <id>.orphaned_<time> (kept, not
 /// deleted): its checkpoints may belong to another config.
-inline void set_aside_orphan(std::filesystem::path const& exp, std::string const& id) {
-  std::error_code ec;
-  std::filesystem::rename(exp / id, exp / (id + ".orphaned_" + cohort::detail::utc_stamp()), ec);
-}
+inline void set_aside_orphan(std::filesystem::path const& exp, std::string const& id) { set_aside(exp, id, ".orphaned_"); }
 
 /// The trials of one experiment in the directory `exp`, at most `concurrent` of them running at
 /// once, and the searcher, scheduler and stoppers that decide about them. Messages in and out are
@@ -128,10 +130,23 @@ class trial_book {
     restore_policies(state, searcher_, scheduler_, state_path);
     next_ = state.next_trial;
     exhausted_ = state.searcher_exhausted;
+    std::vector<std::string> ended, rejoined;  // unfinished trials not resumed; ERROR trials that go on
     for (auto& t : state.trials) {
+      bool const unfinished = t.status == "RUNNING" || t.status == "PENDING" || t.status == "PAUSED";
+      bool const errored_again = t.status == "ERROR" && (cfg_.resume_errored || cfg_.restart_errored);
+      if (errored_again && cfg_.restart_errored) {
+        set_aside(exp_, t.id, ".restarted_");  // kept, not deleted: it starts over in a fresh directory
+        t.saved_last = nlohmann::json::object();
+        t.restore_from.clear();
+      }
       t.history = read_result_rows(exp_ / t.id);
-      if (t.status == "RUNNING" || t.status == "PENDING") {
+      if (errored_again) drop_rows_after_checkpoint(t);
+      if (unfinished && !cfg_.resume_unfinished) {
+        ended.push_back(t.id);
+      } else if (t.status == "RUNNING" || t.status == "PENDING" || errored_again) {
+        if (errored_again) rejoined.push_back(t.id);
         t.status = "PENDING";
+        t.error.clear();
         queue_.push_back(t.id);
       } else if (t.status == "PAUSED") {
         paused_.push_back(t.id);
@@ -139,6 +154,8 @@ class trial_book {
       order_.push_back(t.id);
       trials_.emplace(t.id, std::move(t));
     }
+    for (auto const& id : ended) terminate(trials_.at(id));
+    for (auto const& id : rejoined) safely([&] { scheduler_.on_trial_add(id, trials_.at(id).config); });
     unlisted_ = unlisted_trials(exp_, trials_);
     restored_ = true;
     if (exhausted_) mark_exhausted();
@@ -252,12 +269,7 @@ class trial_book {
     ++t.failures;
     if (cfg_.max_failures >= 0 && t.failures > static_cast<std::size_t>(cfg_.max_failures)) return false;
     if (!fatal_.empty() || stopping_) return false;
-    std::int64_t from = 0;  // the iteration it resumes after: its latest committed checkpoint's
-    auto const kept = checkpointing::committed(exp_ / t.id);
-    if (!kept.empty()) from = cohort::checkpoint::from_directory(kept.back()).metadata().value("training_iteration", std::int64_t{0});
-    else if (!t.restore_from.empty()) from = -1;  // a PBT clone of another trial's checkpoint: its rows stay
-    if (from >= 0)
-      std::erase_if(t.history, [&](auto const& row) { return row.value("training_iteration", std::int64_t{0}) > from; });
+    auto const kept = drop_rows_after_checkpoint(t);
     std::cerr << "[cohort] " + t.id + " failed (failure " + std::to_string(t.failures) +
                      (cfg_.max_failures < 0 ? std::string{} : " of at most " + std::to_string(cfg_.max_failures) + " retried") +
                      "): " + why + "; it runs again from " +
@@ -268,6 +280,20 @@ class trial_book {
     t.status = "PENDING";
     queue_.push_front(t.id);
     return true;
+  }
+
+  /// Before a trial goes on from its latest committed checkpoint (a retry, a resumed ERROR
+  /// trial): the results it reported after that checkpoint leave its history, as the rerun
+  /// reports them again (all of them when it has none; none when it starts from a PBT donor's
+  /// clone). Returns its committed checkpoints.
+  std::vector<std::filesystem::path> drop_rows_after_checkpoint(trial_state& t) {
+    std::int64_t from = 0;  // the iteration it resumes after
+    auto kept = checkpointing::committed(exp_ / t.id);
+    if (!kept.empty()) from = cohort::checkpoint::from_directory(kept.back()).metadata().value("training_iteration", std::int64_t{0});
+    else if (!t.restore_from.empty()) from = -1;  // a PBT clone of another trial's checkpoint: its rows stay
+    if (from >= 0)
+      std::erase_if(t.history, [&](auto const& row) { return row.value("training_iteration", std::int64_t{0}) > from; });
+    return kept;
   }
 
   /// The experiment's time budget (the stoppers' stop_all): true once it is spent, after which

@@ -27,6 +27,13 @@ struct tune_config {
   /// checkpoint (from the start when it has none), up to this many times; the next failure makes
   /// it ERROR (Ray's FailureConfig(max_failures)). 0: the first failure does; -1: without limit.
   int max_failures = 0;
+  /// When the experiment is restored (rerun with the same name, docs/tuning.md), as Ray's
+  /// Tuner.restore: unfinished trials (pending, running, paused) go on (true) or end as they were,
+  /// TERMINATED (false); ERROR trials go on from their latest checkpoint (resume_errored) or start
+  /// over with their config (restart_errored: their directory moved aside, never deleted).
+  bool resume_unfinished = true;
+  bool resume_errored = false;   ///< see resume_unfinished
+  bool restart_errored = false;  ///< see resume_unfinished; not with resume_errored
 };
 
 }  // namespace cohort

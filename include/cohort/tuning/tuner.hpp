@@ -175,6 +175,12 @@ class tuner {
     if (auto e = cohort::checkpointing::validator_problem(run.validators, per, provided))
       return "each trial's group of tune_config.ranks_per_trial = " + std::to_string(per) + " ranks: " + *e;
     if (config_.num_samples == 0) return "tune_config.num_samples = 0: set it to at least 1";
+    if (config_.resume_errored && config_.restart_errored)
+      return "tune_config.resume_errored and restart_errored are both set: choose one (resume from the latest "
+             "checkpoint, or start over)";
+    if (config_.max_failures < -1)
+      return "tune_config.max_failures = " + std::to_string(config_.max_failures) +
+             ": set it to a retry count, 0 for none, or -1 for no limit";
     return std::nullopt;
   }
 
