@@ -7,17 +7,25 @@
 // ok" when that holds. Each checkpoint a trial loads is appended to loaded_checkpoints.txt in the
 // checkpoint's trial folder (the trial's lr and the checkpoint's name), which tune_restore.sh
 // checks against the latest checkpoint each trial had committed when the first run stopped.
+// With --sweep (tune_kill_anywhere.sh): twelve trials whose steps take 100 ms, each rank's pid in
+// pids/rank_<r> (rewritten at every launch), to be killed from outside at any moment; prints
+// "tune sweep ok" when every trial finished with value 6 lr.
 #include <cohort/tuning/tuner.hpp>
 
+#include <unistd.h>
+
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 namespace {
 
 std::filesystem::path marker;
 int hurt = SIGKILL;
+int step_ms = 0;
 
 struct accumulate {
   double lr = 0;
@@ -30,6 +38,7 @@ struct accumulate {
       std::ofstream(marker) << "hurt\n";
       std::raise(hurt);
     }
+    if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
     ++steps;
     value += lr;
     return {{"value", value}, {"steps", steps}, {"done", steps >= 6}};
@@ -51,9 +60,29 @@ static_assert(cohort::trainable_class<accumulate>);
 
 }  // namespace
 
+/// --sweep: twelve trials of 100 ms steps; every rank's pid in pids/rank_<r> for the killer.
+int sweep(std::string const& storage) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::filesystem::create_directories(std::filesystem::path(storage) / "pids");
+  std::ofstream(std::filesystem::path(storage) / "pids" / ("rank_" + std::to_string(rank))) << ::getpid() << "\n";
+  step_ms = 100;
+  std::vector<nlohmann::json> lrs;
+  for (int i = 1; i <= 12; ++i) lrs.push_back(i / 10.0);
+  cohort::tuner tuner{accumulate{}, cohort::tune_config{.metric = "value", .state_interval_s = 0, .checkpoint_frequency = 1}};
+  auto grid = tuner.fit(cohort::space{{"lr", cohort::grid_search(lrs)}}, {.name = "sweep", .storage_path = storage, .verbose = 0});
+  if (!grid.ok()) return 1;
+  bool ok = grid.size() == 12;
+  for (auto const& t : grid.trials)
+    ok = ok && t.status == "TERMINATED" && std::abs(t.metrics.at("value").get<double>() - 6 * t.config.at("lr").get<double>()) < 1e-9;
+  if (rank == 0) std::cout << (ok ? "tune sweep ok" : "tune sweep FAILED") << std::endl;
+  return ok ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   cohort::environment env{argc, argv};
   std::string storage = argc > 1 ? argv[1] : "runs";
+  if (argc > 2 && std::string(argv[2]) == "--sweep") return sweep(storage);
   if (argc > 2) {
     marker = std::filesystem::path(storage) / "hurt.marker";
     hurt = std::string(argv[2]) == "--term-once" ? SIGTERM : SIGKILL;
