@@ -311,6 +311,123 @@ inline std::vector<double> categorical_parzen(std::vector<std::size_t> const& ob
   return prob;
 }
 
+/// TPE's knobs that shape its model (search::tpe's, and BOHB's per budget).
+struct tpe_knobs {
+  double gamma = 0.25;
+  std::size_t n_ei_candidates = 24;
+  double prior_weight = 1.0;
+};
+
+using observation_group = std::vector<observation const*>;
+
+inline bool modelled(tuning::domain const& d) { return d.is_numeric() || d.is_categorical(); }
+
+/// The best min(ceil(gamma n), 25) observations by loss (ties: the earlier) and the rest, each
+/// oldest first.
+inline std::pair<observation_group, observation_group> split(std::vector<observation> const& observations, double gamma) {
+  observation_group all;
+  for (auto const& o : observations) all.push_back(&o);
+  std::stable_sort(all.begin(), all.end(), [](auto* x, auto* y) {
+    return x->loss < y->loss || (x->loss == y->loss && x->ordinal < y->ordinal);
+  });
+  auto const n_good = std::min<std::size_t>(static_cast<std::size_t>(std::ceil(gamma * static_cast<double>(all.size()))), 25);
+  observation_group good(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(std::min(n_good, all.size())));
+  observation_group bad(all.begin() + static_cast<std::ptrdiff_t>(good.size()), all.end());
+  auto by_age = [](auto* x, auto* y) { return x->ordinal < y->ordinal; };
+  std::sort(good.begin(), good.end(), by_age);
+  std::sort(bad.begin(), bad.end(), by_age);
+  return {std::move(good), std::move(bad)};
+}
+
+/// The value of numeric parameter `p` that maximises l(x) / g(x) among n_ei_candidates drawn from l.
+inline nlohmann::json pick_number(tuning::parameter const& p, observation_group const& good, observation_group const& bad,
+                                  tpe_knobs const& k, std::mt19937_64& rng) {
+  auto const m = model_of(p.domain);
+  if (!(m.b > m.a)) return p.domain.clamp_and_round(p.domain.low());  // uniform(x, x)
+  auto values = [&](observation_group const& g) {
+    std::vector<double> v;
+    for (auto* o : g)
+      if (o->params.contains(p.key) && o->params.at(p.key).is_number()) v.push_back(m.to_model(o->params.at(p.key).get<double>()));
+    return v;
+  };
+  auto const l = fit_parzen(m, values(good), k.prior_weight), g = fit_parzen(m, values(bad), k.prior_weight);
+  nlohmann::json best;
+  double best_score = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < k.n_ei_candidates; ++i) {
+    auto candidate = p.domain.clamp_and_round(m.from_model(draw(l, m, rng)));
+    double const x = candidate.get<double>();
+    double const score = log_likelihood(l, m, x) - log_likelihood(g, m, x);
+    if (i == 0 || score > best_score) {
+      best = std::move(candidate);
+      best_score = score;
+    }
+  }
+  return best;
+}
+
+/// The same for a choice parameter.
+inline nlohmann::json pick_category(tuning::parameter const& p, observation_group const& good, observation_group const& bad,
+                                    tpe_knobs const& k, std::mt19937_64& rng) {
+  auto const& choices = p.domain.values();
+  auto indices = [&](observation_group const& g) {
+    std::vector<std::size_t> v;
+    for (auto* o : g) {
+      if (!o->params.contains(p.key)) continue;
+      auto const it = std::find(choices.begin(), choices.end(), o->params.at(p.key));
+      if (it != choices.end()) v.push_back(static_cast<std::size_t>(it - choices.begin()));
+    }
+    return v;
+  };
+  auto const l = categorical_parzen(indices(good), choices.size(), k.prior_weight);
+  auto const g = categorical_parzen(indices(bad), choices.size(), k.prior_weight);
+  std::size_t best = 0;
+  double best_score = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < k.n_ei_candidates; ++i) {
+    std::size_t const c = weighted_index(l, rng);
+    double const score = std::log(l[c]) - std::log(g[c]);
+    if (i == 0 || score > best_score) {
+      best = c;
+      best_score = score;
+    }
+  }
+  return choices[best];
+}
+
+/// TPE's choice of every modelled key from `observations` (fixed values for resolve()), each
+/// numeric and choice key in the space's order; {} when there are no observations.
+inline nlohmann::json tpe_pick(tuning::space const& space, std::vector<observation> const& observations, tpe_knobs const& k,
+                               std::mt19937_64& rng) {
+  nlohmann::json fixed = nlohmann::json::object();
+  if (observations.empty()) return fixed;
+  auto [good, bad] = split(observations, k.gamma);
+  for (auto const& p : space) {
+    if (p.domain.is_categorical()) fixed[p.key] = pick_category(p, good, bad, k, rng);
+    else if (p.domain.is_numeric()) fixed[p.key] = pick_number(p, good, bad, k, rng);
+  }
+  return fixed;
+}
+
+/// The values of the modelled keys of `config`, flat (key -> value).
+inline nlohmann::json modelled_params(tuning::space const& space, nlohmann::json const& config) {
+  nlohmann::json params = nlohmann::json::object();
+  for (auto const& p : space)
+    if (modelled(p.domain))
+      if (auto const* v = tuning::lookup(config, p.key)) params[p.key] = *v;
+  return params;
+}
+
+/// The objective's loss (lower is better) in `result`: its metric, negated for mode max; nothing
+/// when the result is not an object or has no finite metric.
+inline std::optional<double> loss_of(nlohmann::json const& result, tuning::objective const& objective) {
+  if (!result.is_object()) return std::nullopt;
+  nlohmann::json const* metric =
+      result.contains(objective.metric) ? &result.at(objective.metric) : tuning::lookup(result, objective.metric);
+  if (metric == nullptr || !metric->is_number()) return std::nullopt;
+  double const v = metric->get<double>();
+  if (!std::isfinite(v)) return std::nullopt;
+  return objective.mode == cohort::order::min ? v : -v;
+}
+
 }  // namespace detail
 
 /// Tree-structured Parzen Estimator (Bergstra et al. 2011; Optuna's independent TPESampler).
@@ -360,19 +477,11 @@ struct tpe {
     if (state_.count >= state_.num_samples) return std::nullopt;
     auto const ordinal = state_.count++;
     nlohmann::json fixed = nlohmann::json::object();
-    if (!state_.observations.empty() && state_.observations.size() >= n_startup_trials) {
-      auto [good, bad] = split();
-      for (auto const& p : state_.space) {
-        if (p.domain.is_categorical()) fixed[p.key] = pick_category(p, good, bad);
-        else if (p.domain.is_numeric()) fixed[p.key] = pick_number(p, good, bad);
-      }
-    }
+    if (state_.observations.size() >= n_startup_trials)
+      fixed = detail::tpe_pick(state_.space, state_.observations,
+                               {.gamma = gamma, .n_ei_candidates = n_ei_candidates, .prior_weight = prior_weight}, state_.rng);
     auto config = tuning::detail::resolve(state_.space, fixed, state_.rng);
-    nlohmann::json params = nlohmann::json::object();
-    for (auto const& p : state_.space)
-      if (modelled(p.domain))
-        if (auto const* v = tuning::lookup(config, p.key)) params[p.key] = *v;
-    state_.running[trial_id] = {.ordinal = ordinal, .params = std::move(params), .loss = 0};
+    state_.running[trial_id] = {.ordinal = ordinal, .params = detail::modelled_params(state_.space, config), .loss = 0};
     return config;
   }
 
@@ -383,14 +492,9 @@ struct tpe {
     if (it == state_.running.end()) return;
     auto obs = std::move(it->second);
     state_.running.erase(it);
-    nlohmann::json const* metric = nullptr;
-    if (last_result.is_object())
-      metric = last_result.contains(state_.objective.metric) ? &last_result.at(state_.objective.metric)
-                                                             : tuning::lookup(last_result, state_.objective.metric);
-    if (metric == nullptr || !metric->is_number()) return;
-    double const v = metric->get<double>();
-    if (!std::isfinite(v)) return;
-    obs.loss = state_.objective.mode == cohort::order::min ? v : -v;
+    auto const loss = detail::loss_of(last_result, state_.objective);
+    if (!loss) return;
+    obs.loss = *loss;
     state_.observations.push_back(std::move(obs));
   }
 
@@ -440,79 +544,6 @@ struct tpe {
 
   cohort::detail::internal_state<detail::tpe_state, tpe> state_{};  ///< not a knob; only tpe reaches it
 
- private:
-  using group = std::vector<detail::observation const*>;
-
-  static bool modelled(tuning::domain const& d) { return d.is_numeric() || d.is_categorical(); }
-
-  /// The best min(ceil(gamma n), 25) observations by loss (ties: the earlier) and the rest, each
-  /// oldest first.
-  std::pair<group, group> split() const {
-    group all;
-    for (auto const& o : state_.observations) all.push_back(&o);
-    std::stable_sort(all.begin(), all.end(), [](auto* x, auto* y) {
-      return x->loss < y->loss || (x->loss == y->loss && x->ordinal < y->ordinal);
-    });
-    auto const n_good = std::min<std::size_t>(
-        static_cast<std::size_t>(std::ceil(gamma * static_cast<double>(all.size()))), 25);
-    group good(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(std::min(n_good, all.size())));
-    group bad(all.begin() + static_cast<std::ptrdiff_t>(good.size()), all.end());
-    auto by_age = [](auto* x, auto* y) { return x->ordinal < y->ordinal; };
-    std::sort(good.begin(), good.end(), by_age);
-    std::sort(bad.begin(), bad.end(), by_age);
-    return {std::move(good), std::move(bad)};
-  }
-
-  nlohmann::json pick_number(tuning::parameter const& p, group const& good, group const& bad) {
-    auto const m = detail::model_of(p.domain);
-    if (!(m.b > m.a)) return p.domain.clamp_and_round(p.domain.low());  // uniform(x, x)
-    auto values = [&](group const& g) {
-      std::vector<double> v;
-      for (auto* o : g)
-        if (o->params.contains(p.key) && o->params.at(p.key).is_number())
-          v.push_back(m.to_model(o->params.at(p.key).get<double>()));
-      return v;
-    };
-    auto const l = detail::fit_parzen(m, values(good), prior_weight), g = detail::fit_parzen(m, values(bad), prior_weight);
-    nlohmann::json best;
-    double best_score = -std::numeric_limits<double>::infinity();
-    for (std::size_t i = 0; i < n_ei_candidates; ++i) {
-      auto candidate = p.domain.clamp_and_round(m.from_model(detail::draw(l, m, state_.rng)));
-      double const x = candidate.get<double>();
-      double const score = detail::log_likelihood(l, m, x) - detail::log_likelihood(g, m, x);
-      if (i == 0 || score > best_score) {
-        best = std::move(candidate);
-        best_score = score;
-      }
-    }
-    return best;
-  }
-
-  nlohmann::json pick_category(tuning::parameter const& p, group const& good, group const& bad) {
-    auto const& choices = p.domain.values();
-    auto indices = [&](group const& g) {
-      std::vector<std::size_t> v;
-      for (auto* o : g) {
-        if (!o->params.contains(p.key)) continue;
-        auto const it = std::find(choices.begin(), choices.end(), o->params.at(p.key));
-        if (it != choices.end()) v.push_back(static_cast<std::size_t>(it - choices.begin()));
-      }
-      return v;
-    };
-    auto const l = detail::categorical_parzen(indices(good), choices.size(), prior_weight);
-    auto const g = detail::categorical_parzen(indices(bad), choices.size(), prior_weight);
-    std::size_t best = 0;
-    double best_score = -std::numeric_limits<double>::infinity();
-    for (std::size_t i = 0; i < n_ei_candidates; ++i) {
-      std::size_t const c = detail::weighted_index(l, state_.rng);
-      double const score = std::log(l[c]) - std::log(g[c]);
-      if (i == 0 || score > best_score) {
-        best = c;
-        best_score = score;
-      }
-    }
-    return choices[best];
-  }
 };
 static_assert(cohort::searcher<tpe>);
 
