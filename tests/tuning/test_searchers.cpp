@@ -1,8 +1,10 @@
 #include <cohort/tuning/concepts.hpp>
+#include <cohort/tuning/schedulers.hpp>
 #include <cohort/tuning/searchers.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <map>
@@ -279,4 +281,155 @@ TEST_CASE("tpe rejects a grid, a missing metric and bad knobs with clear errors"
                     contains_text("n_ei_candidates"));
   CHECK_THROWS_WITH((search::tpe{.prior_weight = 0}.setup(synthetic, minimise_loss, 10)),
                     contains_text("prior_weight"));
+}
+
+namespace {
+
+/// Runs `searcher` under `hb` as the tuner does with one trial group: a trial runs until the
+/// scheduler pauses or stops it, paused trials resume or stop as it decides, a new trial starts
+/// when none is ready. `loss(config, t)` is the result at iteration t. Returns the lowest loss
+/// reached at max_t and the iterations run in all (the budget spent).
+template <class S>
+std::pair<double, std::int64_t> run_hyperband(S searcher, cohort::schedule::hyperband hb, std::size_t num_samples,
+                                              std::function<double(json const&, std::int64_t)> const& loss) {
+  searcher.setup(cohort::space{{"a", cohort::uniform(0, 1)}, {"b", cohort::uniform(0, 1)}, {"c", cohort::uniform(0, 1)},
+                               {"d", cohort::uniform(0, 1)}},
+                 minimise_loss, num_samples);
+  hb.setup(minimise_loss);
+  std::map<std::string, json> config, last;
+  std::map<std::string, std::int64_t> at;
+  std::deque<std::string> ready;
+  double best = std::numeric_limits<double>::infinity();
+  std::int64_t spent = 0;
+  auto complete = [&](std::string const& id) {
+    searcher.on_trial_complete(id, last[id]);
+    hb.on_trial_complete(id, last[id]);
+    if (at[id] == hb.max_t) best = std::min(best, last[id]["loss"].get<double>());
+  };
+  auto decided = [&] {
+    auto d = hb.take_paused_decisions();
+    for (auto const& id : d.resume) ready.push_back(id);
+    for (auto const& id : d.stop) complete(id);
+  };
+  bool exhausted = false;
+  for (std::size_t n = 0;;) {
+    std::string id;
+    if (!ready.empty()) {
+      id = ready.front();
+      ready.pop_front();
+    } else if (!exhausted) {
+      id = "t" + std::to_string(n++);
+      auto c = searcher.suggest(id);
+      if (!c) {
+        exhausted = true;
+        hb.on_no_more_trials();
+        decided();
+        continue;
+      }
+      config[id] = *c;
+      hb.on_trial_add(id, *c);
+    } else {
+      break;
+    }
+    for (;;) {
+      auto const t = ++at[id];
+      ++spent;
+      last[id] = {{"loss", loss(config[id], t)}, {"training_iteration", t}};
+      if constexpr (requires { searcher.on_trial_result(id, last[id]); }) searcher.on_trial_result(id, last[id]);
+      auto const what = hb.on_trial_result(id, last[id]).what;
+      if (what == cohort::tuning::decision::proceed) continue;
+      if constexpr (requires { searcher.on_trial_pause(id, last[id]); })
+        if (what == cohort::tuning::decision::pause) searcher.on_trial_pause(id, last[id]);
+      if (what == cohort::tuning::decision::stop) complete(id);
+      break;
+    }
+    decided();
+  }
+  return {best, spent};
+}
+
+/// A 4-key objective whose low budgets rank configs as the full one does: the distance to a
+/// point, plus a term that fades with the iterations.
+double fading_loss(json const& c, std::int64_t t) {
+  double q = 0;
+  double const target[] = {0.2, 0.8, 0.35, 0.6};
+  char const* keys[] = {"a", "b", "c", "d"};
+  for (int i = 0; i < 4; ++i) q += (c[keys[i]].get<double>() - target[i]) * (c[keys[i]].get<double>() - target[i]);
+  return q * (1 + 1.0 / static_cast<double>(t)) + 0.2 / static_cast<double>(t);
+}
+
+}  // namespace
+
+TEST_CASE("BOHB's brackets are the paper's (HpBandSter's): trials and budgets, the most aggressive first", "[tuning][pure]") {
+  // Falkner et al. 2018 with min_budget 1, max_budget 81, eta 3 (HyperBand's table in Li et al.
+  // 2018 for R = 81): 81 configs on budget 1 down to 1 on 81, then 27 on 3, 9 on 9, 6 on 27, 5 on 81.
+  using m = cohort::schedule::hyperband_milestone;
+  auto table = [](std::int64_t max_t, double eta) {
+    std::vector<std::pair<int, std::vector<m>>> out;
+    for (auto const& b : cohort::schedule::bohb_brackets(max_t, eta)) out.emplace_back(b.s, b.milestones);
+    return out;
+  };
+  CHECK(table(81, 3) == std::vector<std::pair<int, std::vector<m>>>{
+                            {4, {{81, 1}, {27, 3}, {9, 9}, {3, 27}, {1, 81}}},
+                            {3, {{27, 3}, {9, 9}, {3, 27}, {1, 81}}},
+                            {2, {{9, 9}, {3, 27}, {1, 81}}},
+                            {1, {{6, 27}, {2, 81}}},
+                            {0, {{5, 81}}}});
+  CHECK(table(9, 3) == std::vector<std::pair<int, std::vector<m>>>{
+                           {2, {{9, 1}, {3, 3}, {1, 9}}}, {1, {{3, 3}, {1, 9}}}, {0, {{3, 9}}}});
+  CHECK(table(100, 3).front().second == std::vector<m>{{81, 1}, {27, 4}, {9, 11}, {3, 33}, {1, 100}});  // budgets rounded
+  CHECK_THROWS_WITH(cohort::schedule::bohb_brackets(0, 3), contains_text("max_t must be at least 1"));
+
+  cohort::schedule::hyperband hb{.max_t = 9, .reduction_factor = 3, .schedule = cohort::schedule::hyperband::brackets_of::bohb};
+  hb.setup(minimise_loss);
+  for (int i = 0; i < 16; ++i) hb.on_trial_add("t" + std::to_string(i), json::object());
+  using b = std::tuple<std::size_t, int, std::size_t, std::int64_t>;  // band, s, live trials, milestone
+  CHECK(hb.brackets() == std::vector<b>{{0, 2, 9, 1}, {0, 1, 3, 3}, {0, 0, 3, 9}, {1, 2, 1, 1}});
+  cohort::schedule::hyperband ray_knobs{.max_t = 9, .reduction_factor = 3};
+  ray_knobs.setup(minimise_loss);
+  CHECK_THROWS_WITH(ray_knobs.restore_state(hb.save_state()), contains_text("and the bohb schedule; restore with the knobs"));
+}
+
+TEST_CASE("bohb draws at random until a budget has enough results, then models the largest such budget", "[tuning][pure]") {
+  search::bohb s{.seed = 4, .random_fraction = 0};
+  s.setup(cohort::space{{"x", cohort::uniform(0, 1)}, {"y", cohort::uniform(0, 1)}}, minimise_loss, 200);  // 2 keys: 3 points, 5 to model
+  auto loss = [](json const& c) { return std::abs(c["x"].get<double>() - 0.8) + std::abs(c["y"].get<double>() - 0.1); };
+  std::vector<json> early;
+  for (int i = 0; i < 12; ++i) {  // 12 results at budget 1, 4 of them also at budget 3
+    auto const id = "t" + std::to_string(i);
+    auto c = *s.suggest(id);
+    early.push_back(c);
+    s.on_trial_pause(id, {{"loss", loss(c)}, {"training_iteration", 1}});
+    if (i % 3 == 0) s.on_trial_complete(id, {{"loss", loss(c) / 2}, {"training_iteration", 3}});
+  }
+  CHECK(s.observations_per_budget() == std::map<double, std::size_t>{{1.0, 12}, {3.0, 4}});  // 3 has too few
+  double early_gap = 0, late_gap = 0;
+  for (auto const& c : early) early_gap += loss(c) / 12;
+  for (int i = 12; i < 42; ++i) late_gap += loss(*s.suggest("t" + std::to_string(i))) / 30;
+  INFO("mean distance to the optimum: first 12 (random) " << early_gap << ", next 30 (model of budget 1) " << late_gap);
+  CHECK(late_gap < 0.6 * early_gap);
+
+  // The state round-trips: a restored searcher suggests what the original does.
+  search::bohb restored{.seed = 4, .random_fraction = 0};
+  restored.setup(cohort::space{{"x", cohort::uniform(0, 1)}, {"y", cohort::uniform(0, 1)}}, minimise_loss, 200);
+  restored.restore_state(s.save_state());
+  for (int i = 42; i < 47; ++i) CHECK(restored.suggest("t" + std::to_string(i)) == s.suggest("t" + std::to_string(i)));
+  STATIC_REQUIRE(cohort::searcher<search::bohb>);
+}
+
+TEST_CASE("bohb under BOHB's HyperBand beats random search under it on the same budget (median of 10 seeds)", "[tuning][pure]") {
+  cohort::schedule::hyperband const hb{.max_t = 27, .reduction_factor = 3, .schedule = cohort::schedule::hyperband::brackets_of::bohb};
+  std::vector<double> bohb_best, random_best;
+  for (std::uint64_t seed = 1; seed <= 10; ++seed) {
+    auto [b, b_spent] = run_hyperband(search::bohb{.seed = seed}, hb, 3 * 46, fading_loss);  // three bands of 27 + 12 + 7
+    auto [r, r_spent] = run_hyperband(search::random{.seed = seed}, hb, 3 * 46, fading_loss);
+    REQUIRE(b_spent == r_spent);  // the same schedule: the same iterations
+    bohb_best.push_back(b);
+    random_best.push_back(r);
+  }
+  std::sort(bohb_best.begin(), bohb_best.end());
+  std::sort(random_best.begin(), random_best.end());
+  auto median = [](std::vector<double> const& v) { return (v[4] + v[5]) / 2; };
+  INFO("median best loss at max_t: bohb " << median(bohb_best) << ", random " << median(random_best));
+  CHECK(median(bohb_best) < median(random_best));
 }

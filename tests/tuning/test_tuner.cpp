@@ -641,6 +641,36 @@ TEST_CASE("HyperBand through the tuner: trials pause at milestones, resume from 
   }
 }
 
+TEST_CASE("BOHB through the tuner: the paper's brackets, results observed at each milestone", "[tuning][mpi]") {
+  // Catches: the searcher never told of paused trials (no observation below max_t), a bracket
+  // schedule other than BOHB's. max_t 9, eta 3, one band of 15 trials: 9 run to 1, 3 go on to 3,
+  // 1 to 9; 3 run to 3, 1 goes on to 9; 3 run to 9. So 6 trials end at 1, 4 at 3, 5 at 9.
+  auto const storage = cohort_test::scratch("tune_bohb");
+  using cohort::schedule::hyperband;
+  cohort::tuner tuner{steady{}, cohort::search::bohb{.seed = 3},
+                      hyperband{.max_t = 9, .reduction_factor = 3, .schedule = hyperband::brackets_of::bohb},
+                      cohort::tune_config{.metric = "score", .mode = cohort::max, .num_samples = 15, .status_interval_s = 1e9}};
+  auto grid = tuner.fit(cohort::space{{"a", cohort::uniform(0, 10)}}, {.name = "bohb", .storage_path = storage.string(), .verbose = 0});
+  REQUIRE(grid.ok());
+  REQUIRE(grid.size() == 15);
+  std::map<std::size_t, int> ended_at;
+  for (auto const& t : grid.trials) {
+    CHECK(t.status == "TERMINATED");
+    ++ended_at[t.metrics_history.size()];
+    for (std::size_t i = 0; i < t.metrics_history.size(); ++i) CHECK(t.metrics_history[i].at("steps") == i + 1);
+  }
+  CHECK(ended_at == std::map<std::size_t, int>{{1, 6}, {3, 4}, {9, 5}});
+  if (world_rank() == 0) {
+    // The searcher's saved state: a result observed wherever a trial passes a milestone
+    // (budgets 1, 3 and 9), so at 1 every trial (15), at 3 those that reached 3 (3 + 3 + 3), at 9 five.
+    std::ifstream in(storage / "bohb" / "experiment_state.json");
+    auto const state = nlohmann::json::parse(in);
+    std::map<double, std::size_t> per_budget;
+    for (auto const& b : state.at("searcher").at("budgets")) per_budget[b.at("budget").get<double>()] = b.at("observations").size();
+    CHECK(per_budget == std::map<double, std::size_t>{{1, 15}, {3, 9}, {9, 5}});
+  }
+}
+
 TEST_CASE("a trial group waiting for another group's long trial is not ended by the collective deadline", "[tuning][mpi]") {
   auto const storage = cohort_test::scratch("tune_wait");
   int const per = world_size() % 2 == 0 ? 2 : 1;  // groups of two ranks: the waiting rank is in a group collective

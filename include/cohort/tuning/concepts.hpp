@@ -22,6 +22,9 @@ namespace cohort {
 /// space, the objective and num_samples; `suggest` returns the next config, or nothing once the
 /// searcher has proposed all it will; `on_trial_complete` gets a trial's last result (null if it
 /// failed). Its state round-trips through JSON so an interrupted experiment resumes the search.
+/// A searcher may also have `on_trial_result(id, result)`, called with every result, and
+/// `on_trial_pause(id, last_result)` (Ray's on_pause), called when a trial pauses (HyperBand's
+/// milestones): search::bohb observes results there.
 template <class S>
 concept searcher = std::movable<S> && requires(S& s, S const& cs, tuning::space const& sp, tuning::objective const& o,
                                                std::string const& id, nlohmann::json const& j, std::size_t n) {

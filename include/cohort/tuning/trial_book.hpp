@@ -192,6 +192,8 @@ class trial_book {
     t.history.push_back(std::move(msg.at("row")));
     auto const& row = t.history.back();
     dirty_ = true;
+    if constexpr (requires(Searcher& s) { s.on_trial_result(t.id, row); })  // BOHB: results at milestones
+      safely([&] { searcher_.on_trial_result(t.id, row); });
     if (!preempted_.empty()) return {{"what", "preempt"}};  // every running trial stops, resumable
     if (stopping_) return {{"what", "stop"}};
     bool stop = std::apply([&](auto&... s) { return (false || ... || s.stop_trial(t.id, row)); }, stoppers_);
@@ -240,6 +242,8 @@ class trial_book {
       stopping_ = true;
       if (preempted_.empty()) preempted_ = msg.value("error", std::string("stopped by a signal"));
     } else if (outcome == "pause") {
+      if constexpr (requires(Searcher& s) { s.on_trial_pause(t.id, t.last()); })  // BOHB: a result at a milestone
+        safely([&] { searcher_.on_trial_pause(t.id, t.last()); });
       if (stop_when_paused_.erase(t.id)) {
         terminate(t);
       } else if (resume_when_paused_.erase(t.id)) {

@@ -72,12 +72,17 @@ struct hyperband_state {
 /// Preconditions, checked by `setup`: max_t >= 1, reduction_factor > 1, a metric here or in the
 /// objective.
 struct hyperband {
+  /// Which bracket schedule: Ray's HyperBandScheduler's (hyperband_brackets) or BOHB's
+  /// (bohb_brackets: the paper's trial counts and budgets, s_max first; pair it with search::bohb,
+  /// as Ray pairs TuneBOHB with HyperBandForBOHB).
+  enum class brackets_of { ray, bohb };
   std::string time_attr = "training_iteration";  ///< the result key that measures progress (monotone)
   std::string metric{};                          ///< empty: the objective's metric
   std::optional<cohort::order> mode{};           ///< unset: the objective's mode
   std::int64_t max_t = 81;                       ///< the most iterations a trial runs
   double reduction_factor = 3;                   ///< 1 in reduction_factor trials goes on at a milestone
   bool stop_last_trials = true;                  ///< stop trials at the last milestone (max_t)
+  brackets_of schedule = brackets_of::ray;       ///< the bracket schedule
 
   /// Checks the knobs, fixes metric and mode, computes the band's schedule. Call once, before any trial.
   void setup(tuning::objective const& o) {
@@ -85,7 +90,7 @@ struct hyperband {
     if (max_t < 1) throw cohort::error(who + ": .max_t must be at least 1; set it to the most iterations a trial may run");
     if (!(reduction_factor > 1)) throw cohort::error(who + ": .reduction_factor must be greater than 1 (Ray's default is 3)");
     state_.objective = detail::resolve(metric, mode, o, who);
-    state_.schedule = hyperband_brackets(max_t, reduction_factor);
+    state_.schedule = schedule_for_knobs();
     state_.ready = true;
   }
 
@@ -162,6 +167,7 @@ struct hyperband {
     }
     return {{"max_t", max_t},
             {"reduction_factor", reduction_factor},
+            {"schedule", schedule == brackets_of::bohb ? "bohb" : "ray"},
             {"brackets", brackets_j},
             {"closed", state_.closed},
             {"num_stopped", state_.num_stopped},
@@ -172,10 +178,13 @@ struct hyperband {
   /// Restores what `save_state` returned. The knobs must be the ones it was saved with.
   void restore_state(nlohmann::json const& s) {
     std::string const who = "schedule::hyperband";
-    if (s.value("max_t", max_t) != max_t || s.value("reduction_factor", reduction_factor) != reduction_factor)
-      throw cohort::error(who + ": the saved state was made with max_t " + s.at("max_t").dump() + " and reduction_factor " +
-                          s.at("reduction_factor").dump() + "; restore with the knobs it was saved with");
-    auto const schedule = hyperband_brackets(max_t, reduction_factor);
+    std::string const saved_schedule = s.value("schedule", std::string("ray"));
+    if (s.value("max_t", max_t) != max_t || s.value("reduction_factor", reduction_factor) != reduction_factor ||
+        saved_schedule != (schedule == brackets_of::bohb ? "bohb" : "ray"))
+      throw cohort::error(who + ": the saved state was made with max_t " + s.at("max_t").dump() + ", reduction_factor " +
+                          s.at("reduction_factor").dump() + " and the " + saved_schedule +
+                          " schedule; restore with the knobs it was saved with");
+    auto const planned = schedule_for_knobs();
     std::vector<detail::hyperband_bracket_state> brackets;
     std::map<std::string, std::size_t> trial_bracket;
     for (auto const& bj : s.at("brackets")) {
@@ -185,7 +194,7 @@ struct hyperband {
       b.stage = bj.at("stage").get<std::size_t>();
       b.progress = bj.value("progress", 0.0);
       b.added = bj.at("added").get<std::size_t>();
-      if (b.index >= schedule.size() || b.stage >= schedule[b.index].milestones.size())
+      if (b.index >= planned.size() || b.stage >= planned[b.index].milestones.size())
         throw cohort::error(who + ": the saved state's brackets differ from these knobs' (max_t " + std::to_string(max_t) +
                             "); restore with the knobs it was saved with");
       for (auto const& t : bj.at("live")) {
@@ -233,6 +242,10 @@ struct hyperband {
   cohort::detail::internal_state<detail::hyperband_state, hyperband> state_{};
 
  private:
+  std::vector<hyperband_bracket> schedule_for_knobs() const {
+    return schedule == brackets_of::bohb ? bohb_brackets(max_t, reduction_factor) : hyperband_brackets(max_t, reduction_factor);
+  }
+
   void require_setup() const {
     if (!state_.ready) throw cohort::error("schedule::hyperband: used before setup(objective); the tuner calls setup first");
   }

@@ -57,4 +57,31 @@ inline std::vector<hyperband_bracket> hyperband_brackets(std::int64_t max_t, dou
   return out;
 }
 
+/// Pure: the brackets of one band of BOHB (Falkner et al. 2018, as its reference implementation
+/// HpBandSter computes them with min_budget 1 and max_budget `max_t`), in the order it runs them
+/// (s = s_max first). S = floor(log(max_t) / log(eta)) + 1 budgets, max_t * eta^-k for
+/// k = S - 1, ..., 0, rounded to whole iterations; bracket s starts n0 = floor(S / (s + 1)) * eta^s
+/// trials on the budget S - 1 - s (counting from 0), and after each budget the best
+/// max(floor(n0 * eta^-i), 1) go on to the next, up to max_t. Where Ray's HyperBand (hyperband_brackets)
+/// rounds trial counts up and spreads the iterations, BOHB's brackets are HyperBand's of the paper.
+/// Throws cohort::error unless max_t >= 1 and eta > 1.
+inline std::vector<hyperband_bracket> bohb_brackets(std::int64_t max_t, double eta) {
+  if (max_t < 1) throw cohort::error("bohb: max_t must be at least 1, got " + std::to_string(max_t));
+  if (!(eta > 1)) throw cohort::error("bohb: the reduction factor must be above 1, got " + std::to_string(eta));
+  auto const budgets_n = static_cast<int>(std::floor(std::log(static_cast<double>(max_t)) / std::log(eta) + 1e-9)) + 1;
+  auto budget = [&](int k) {  // k = 0 .. budgets_n - 1, the last max_t
+    return std::max<std::int64_t>(1, std::llround(static_cast<double>(max_t) * std::pow(eta, -(budgets_n - 1 - k))));
+  };
+  std::vector<hyperband_bracket> out;
+  for (int s = budgets_n - 1; s >= 0; --s) {
+    double const n0 = std::floor(static_cast<double>(budgets_n) / (s + 1)) * std::pow(eta, s);
+    hyperband_bracket b{.s = s, .milestones = {}};
+    for (int i = 0; i <= s; ++i)
+      b.milestones.push_back({std::max<std::int64_t>(1, static_cast<std::int64_t>(n0 * std::pow(eta, -i) + 1e-9)),
+                              budget(budgets_n - 1 - s + i)});
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 }  // namespace cohort::schedule
