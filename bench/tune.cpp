@@ -5,12 +5,17 @@
 //                progress.csv, scheduler, completion); reported as ms_per_trial
 //   results/N    4 trials of N reports each under ASHA: results_per_s is how fast results flow
 //                through the coordinator's decisions (each one a round trip to rank 0)
+//   reproducible/on:R/tpe:S   40 trials of 6 uneven reports with tune_config::reproducible off
+//                (R = 0) or on (R = 1), random + ASHA (S = 0) or TPE + FIFO (S = 1): the cost of its waiting
 // Anchors (Ray Tune's docs, "Tune Scalability and Overhead Benchmarks"): 10,000 one-second trials
 // on 16 CPUs took 715 s against 625 s ideal, about 9 ms of overhead per trial; about 500-1,000
 // results/s. Goal here: <= 0.1 ms per trial and >= 100,000 results/s.
 #include <cohort/tuning/tuner.hpp>
 
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include "mpi_bench.hpp"
 
@@ -57,6 +62,34 @@ void results(benchmark::State& state) {
   }
 }
 
+/// reproducible/R (R = 0 off, 1 on) x searcher S (0 random under ASHA, 1 TPE under FIFO): 40
+/// trials of 6 reports, each report after 1-9 ms (by the trial's config), so that trials finish
+/// out of order: what tune_config::reproducible's waiting costs in wall time.
+void reproducible(benchmark::State& state) {
+  bool const on = state.range(0) != 0, tpe = state.range(1) != 0;
+  auto const n = static_cast<std::size_t>(cohort_bench::full_or_smoke(40, 4));
+  auto fn = [](cohort::context& ctx, nlohmann::json const& config) {
+    double const x = config.at("x").get<double>(), y = config.at("y").get<double>();
+    for (int t = 1; t <= 6; ++t) {
+      std::this_thread::sleep_for(std::chrono::microseconds(1000 + static_cast<int>(8000 * y)));
+      ctx.report({{"loss", (x - 0.3) * (x - 0.3) * (1 + 1.0 / t)}});
+    }
+  };
+  cohort::tune_config const cfg{.metric = "loss", .mode = cohort::min, .num_samples = n, .status_interval_s = 1e9, .reproducible = on};
+  cohort::space const space{{"x", cohort::uniform(0, 1)}, {"y", cohort::uniform(0, 1)}};
+  for (auto _ : state) {
+    double const s = cohort_bench::slowest_seconds([&] {
+      cohort::run_config const run{.name = "reproducible_" + std::to_string(g_run++), .storage_path = g_dir.string(), .verbose = 0};
+      auto grid = tpe ? cohort::tuner{fn, cohort::search::tpe{.seed = 1, .n_startup_trials = 5}, cfg}.fit(space, run)
+                      : cohort::tuner{fn, cohort::search::random{.seed = 1},
+                                      cohort::schedule::asha{.max_t = 6, .grace_period = 1, .reduction_factor = 2}, cfg}
+                            .fit(space, run);
+      if (!grid.ok() || grid.size() != n) cohort_bench::fail(state, "the reproducible experiment failed: " + grid.error.value_or("?"));
+    });
+    state.SetIterationTime(s);
+  }
+}
+
 /// --guard: 3 experiments of 300 one-report trials, in /dev/shm where there is one (a disk's
 /// write-back would time the disk); the median of their wall times per trial must stay <= 1 ms
 /// (docs/benchmarks.md: about 0.1 ms on tmpfs).
@@ -94,6 +127,12 @@ int main(int argc, char** argv) {
   g_dir = std::filesystem::path(tmp ? tmp : "/tmp") / ("cohort_bench_tune_" + std::to_string(pid));
   benchmark::RegisterBenchmark("trials", trials)->Arg(cohort_bench::full_or_smoke(10'000, 20))->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
   benchmark::RegisterBenchmark("results", results)->Arg(cohort_bench::full_or_smoke(25'000, 40))->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
+  benchmark::RegisterBenchmark("reproducible", reproducible)
+      ->ArgsProduct({{0, 1}, {0, 1}})
+      ->ArgNames({"on", "tpe"})
+      ->Iterations(1)
+      ->UseManualTime()
+      ->Unit(benchmark::kSecond);
   if (cohort_bench::guard) guard_trials();
   else cohort_bench::run_all();
   int rank = 0;

@@ -13,6 +13,7 @@
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -77,7 +78,7 @@ class coordinator {
       std::size_t const group = group_of(st.MPI_SOURCE);
       try {
         if (st.MPI_TAG == request_tag) on_request(group);
-        else if (st.MPI_TAG == result_tag) deliver(group, book_.on_result(std::move(msg)));
+        else if (st.MPI_TAG == result_tag) on_result(group, std::move(msg));
         else if (st.MPI_TAG == complete_tag) on_complete(msg);
       } catch (std::exception const& e) {  // a broken invariant of the tuner itself: end the experiment cleanly
         book_.fail(std::string("the tuner's coordinator failed: ") + e.what());
@@ -98,10 +99,14 @@ class coordinator {
     cv_.wait(lock, [&] { return local_reply_.has_value(); });
     return *std::exchange(local_reply_, std::nullopt);
   }
-  /// Rank 0's own group: a result, answered with what the trial does next.
+  /// Rank 0's own group: a result, answered with what the trial does next (under
+  /// tune_config::reproducible, once its turn has come).
   nlohmann::json local_result(nlohmann::json msg) {
-    std::lock_guard lock(mutex_);
-    return book_.on_result(std::move(msg));
+    std::unique_lock lock(mutex_);
+    if (!cfg_.reproducible) return book_.on_result(std::move(msg));
+    on_result(0, std::move(msg));
+    cv_.wait(lock, [&] { return local_answer_.has_value(); });
+    return *std::exchange(local_answer_, std::nullopt);
   }
   /// Rank 0's own group: a trial ended.
   void local_complete(nlohmann::json const& msg) {
@@ -143,8 +148,32 @@ class coordinator {
     else waiting_.push_back(group);
   }
 
+  /// A group's result: answered at once, or under tune_config::reproducible held until its turn.
+  void on_result(std::size_t group, nlohmann::json msg) {
+    if (!cfg_.reproducible) return deliver(group, book_.on_result(std::move(msg)));
+    held_by_[msg.at("trial_id").get<std::string>()] = group;
+    book_.hold(std::move(msg));
+    answer_released();
+  }
+
+  /// Under tune_config::reproducible: the answers to the held results whose turn has come.
+  void answer_released() {
+    if (!cfg_.reproducible) return;
+    for (auto& [id, answer] : book_.release()) {
+      auto const group = held_by_.at(id);
+      held_by_.erase(id);
+      if (leaders_[group] == 0) {
+        local_answer_ = std::move(answer);
+        cv_.notify_all();
+      } else {
+        send_json(comm_, leaders_[group], reply_tag, answer);
+      }
+    }
+  }
+
   void on_complete(nlohmann::json const& msg) {
     book_.on_complete(msg);
+    answer_released();  // a trial that ended no longer holds the later ones back
     serve_waiting();
   }
 
@@ -160,7 +189,10 @@ class coordinator {
 
   /// Periodic work: the time budget, the status table, the experiment state.
   void tick() {
-    if (book_.out_of_budget()) serve_waiting();
+    if (book_.out_of_budget()) {
+      answer_released();
+      serve_waiting();
+    }
     auto now = std::chrono::steady_clock::now();
     if (verbose_ > 0 && now - last_table_ >= std::chrono::duration<double>(cfg_.status_interval_s)) {
       last_table_ = now;
@@ -210,6 +242,8 @@ class coordinator {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::optional<nlohmann::json> local_reply_;
+  std::optional<nlohmann::json> local_answer_;  ///< rank 0's group's held result, answered (reproducible)
+  std::map<std::string, std::size_t> held_by_;  ///< held results: the group waiting for each (reproducible)
   std::deque<std::size_t> waiting_;  ///< groups that asked for a trial while none was free
   std::size_t groups_done_ = 0;
   std::chrono::steady_clock::time_point last_table_ = std::chrono::steady_clock::now(), last_state_ = last_table_;

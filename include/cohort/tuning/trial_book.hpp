@@ -186,6 +186,39 @@ class trial_book {
     return std::nullopt;
   }
 
+  /// A result of a running trial, under tune_config::reproducible: held until every earlier
+  /// trial still running has reported as far (release() answers it then).
+  void hold(nlohmann::json msg) {
+    auto const n = trial_number(msg.at("trial_id").get<std::string>()).value_or(0);
+    held_[n] = std::move(msg);
+  }
+
+  /// The held results whose turn has come, in trial order, each with its answer: (trial id, answer).
+  std::vector<std::pair<std::string, nlohmann::json>> release() {
+    std::vector<std::pair<std::string, nlohmann::json>> out;
+    for (bool more = true; more;) {
+      more = false;
+      for (auto it = held_.begin(); it != held_.end(); ++it) {
+        auto const level = it->second.at("row").value("training_iteration", std::int64_t{0});
+        if (!turn_of(it->first, level)) continue;
+        auto msg = std::move(it->second);
+        held_.erase(it);
+        auto id = msg.at("trial_id").get<std::string>();
+        nlohmann::json answer;
+        try {
+          answer = on_result(std::move(msg));
+        } catch (std::exception const& e) {  // a broken invariant of the tuner: its group still gets an answer
+          fail(std::string("the tuner's coordinator failed: ") + e.what());
+          answer = {{"what", "stop"}};
+        }
+        out.emplace_back(std::move(id), std::move(answer));
+        more = true;
+        break;
+      }
+    }
+    return out;
+  }
+
   /// A result of a running trial: the stoppers and the scheduler decide what it does next.
   nlohmann::json on_result(nlohmann::json msg) {
     auto& t = trials_.at(msg.at("trial_id").get<std::string>());
@@ -193,7 +226,7 @@ class trial_book {
     auto const& row = t.history.back();
     dirty_ = true;
     if constexpr (requires(Searcher& s) { s.on_trial_result(t.id, row); })  // BOHB: results at milestones
-      safely([&] { searcher_.on_trial_result(t.id, row); });
+      tell_searcher(t, searcher_event::result, row);
     if (!preempted_.empty()) return {{"what", "preempt"}};  // every running trial stops, resumable
     if (stopping_) return {{"what", "stop"}};
     bool stop = std::apply([&](auto&... s) { return (false || ... || s.stop_trial(t.id, row)); }, stoppers_);
@@ -233,7 +266,7 @@ class trial_book {
     } else if (outcome == "error") {
       t.status = "ERROR";
       t.error = msg.value("error", std::string("failed"));
-      safely([&] { searcher_.on_trial_complete(t.id, nlohmann::json()); });
+      tell_searcher(t, searcher_event::complete, nlohmann::json());
       safely([&] { scheduler_.on_trial_complete(t.id, t.last()); });
     } else if (outcome == "preempted" || outcome == "preempt") {
       // SIGTERM/SIGINT: the trial committed its checkpoint; it resumes when the experiment is rerun.
@@ -243,7 +276,7 @@ class trial_book {
       if (preempted_.empty()) preempted_ = msg.value("error", std::string("stopped by a signal"));
     } else if (outcome == "pause") {
       if constexpr (requires(Searcher& s) { s.on_trial_pause(t.id, t.last()); })  // BOHB: a result at a milestone
-        safely([&] { searcher_.on_trial_pause(t.id, t.last()); });
+        tell_searcher(t, searcher_event::pause, t.last());
       if (stop_when_paused_.erase(t.id)) {
         terminate(t);
       } else if (resume_when_paused_.erase(t.id)) {
@@ -408,6 +441,7 @@ class trial_book {
   /// A new trial from the searcher, added to the scheduler; nothing (and exhausted) when the
   /// searcher has no more.
   std::optional<std::string> suggest() {
+    if (cfg_.reproducible && !searcher_caught_up()) return std::nullopt;  // waits: not exhausted
     auto candidate = trial_id(next_);
     std::optional<nlohmann::json> config;
     try {
@@ -515,8 +549,64 @@ class trial_book {
   void terminate(trial_state& t) {
     t.status = "TERMINATED";
     dirty_ = true;
-    safely([&] { searcher_.on_trial_complete(t.id, t.last()); });
+    tell_searcher(t, searcher_event::complete, t.last());
     safely([&] { scheduler_.on_trial_complete(t.id, t.last()); });
+  }
+
+  enum class searcher_event { result, pause, complete };
+
+  /// Tells the searcher of a trial's result, pause or end: at once, or under
+  /// tune_config::reproducible kept until searcher_caught_up() hands them over in trial order.
+  void tell_searcher(trial_state const& t, searcher_event what, nlohmann::json const& row) {
+    if (cfg_.reproducible) {
+      searcher_events_[trial_number(t.id).value_or(0)].emplace_back(what, row);
+      return;
+    }
+    deliver_to_searcher(t.id, what, row);
+  }
+
+  void deliver_to_searcher(std::string const& id, searcher_event what, nlohmann::json const& row) {
+    if (what == searcher_event::complete) {
+      safely([&] { searcher_.on_trial_complete(id, row); });
+    } else if (what == searcher_event::pause) {
+      if constexpr (requires(Searcher& s) { s.on_trial_pause(id, row); }) safely([&] { searcher_.on_trial_pause(id, row); });
+    } else {
+      if constexpr (requires(Searcher& s) { s.on_trial_result(id, row); }) safely([&] { searcher_.on_trial_result(id, row); });
+    }
+  }
+
+  /// Under tune_config::reproducible, before suggesting trial next_: whether every trial below
+  /// next_ - reproducible_lag has ended; if so their events are handed to the searcher, in trial
+  /// order (those not handed over yet).
+  bool searcher_caught_up() {
+    std::size_t const upto = next_ > cfg_.reproducible_lag ? next_ - cfg_.reproducible_lag : 0;
+    for (std::size_t j = told_upto_; j < upto; ++j) {
+      auto it = trials_.find(trial_id(j));
+      if (it != trials_.end() && it->second.status != "TERMINATED" && it->second.status != "ERROR") return false;
+    }
+    for (; told_upto_ < upto; ++told_upto_) {
+      auto ev = searcher_events_.find(told_upto_);
+      if (ev == searcher_events_.end()) continue;
+      for (auto const& [what, row] : ev->second) deliver_to_searcher(trial_id(told_upto_), what, row);
+      searcher_events_.erase(ev);
+    }
+    return true;
+  }
+
+  /// Under tune_config::reproducible: whether trial number `n`'s result at iteration `level` may
+  /// be decided on, every earlier trial still running having reported that far (a retried trial
+  /// waiting for a group excepted, and everything once the experiment stops).
+  bool turn_of(std::size_t n, std::int64_t level) const {
+    if (stopping_ || !preempted_.empty()) return true;
+    for (auto const& id : order_) {
+      auto const j = trial_number(id).value_or(0);
+      if (j >= n) continue;
+      auto const& t = trials_.at(id);
+      if (t.status != "RUNNING") continue;
+      auto const reached = t.history.empty() ? std::int64_t{0} : t.history.back().value("training_iteration", std::int64_t{0});
+      if (reached < level) return false;
+    }
+    return true;
   }
 
   template <class F>
@@ -540,6 +630,11 @@ class trial_book {
   std::set<std::string> unlisted_;  ///< on restore: directories the state does not list, until suggested again
   std::set<std::string> stop_when_paused_, resume_when_paused_;  ///< decided while the trial was still pausing
   std::set<std::string> failed_by_tuner_;  ///< trials the scheduler failed on: their error is not retried
+  /// tune_config::reproducible: results held for their turn, by trial number; the searcher's
+  /// events not handed over yet, by trial number; the trials below told_upto_ handed over.
+  std::map<std::size_t, nlohmann::json> held_;
+  std::map<std::size_t, std::vector<std::pair<searcher_event, nlohmann::json>>> searcher_events_;
+  std::size_t told_upto_ = 0;
   std::size_t next_ = 0, running_ = 0, clones_ = 0;
   bool exhausted_ = false, stopping_ = false, dirty_ = true, restored_ = false;
   std::string fatal_, preempted_;

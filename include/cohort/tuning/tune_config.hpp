@@ -34,6 +34,14 @@ struct tune_config {
   bool resume_unfinished = true;
   bool resume_errored = false;   ///< see resume_unfinished
   bool restart_errored = false;  ///< see resume_unfinished; not with resume_errored
+  /// The same seed gives the same experiment at any number of trial groups (docs/tuning.md,
+  /// reproducibility): the scheduler sees results in a fixed order (a trial's result at iteration
+  /// t once every earlier trial still running has reported t), and the searcher learns of a trial
+  /// only when it and every earlier trial have ended, `reproducible_lag` trials behind the one it
+  /// suggests (suggestion k from trials 0 .. k - 1 - lag, waiting for them). Off by default:
+  /// groups may wait. schedule::fifo and schedule::asha only.
+  bool reproducible = false;
+  std::size_t reproducible_lag = 8;  ///< see reproducible
 };
 
 }  // namespace cohort
