@@ -5,6 +5,7 @@
 //                progress.csv, scheduler, completion); reported as ms_per_trial
 //   results/N    4 trials of N reports each under ASHA: results_per_s is how fast results flow
 //                through the coordinator's decisions (each one a round trip to rank 0)
+//   scale/N      N trials of one report after 50 ms each: overhead_pct over N x 50 ms / ranks
 //   reproducible/on:R/tpe:S   40 trials of 6 uneven reports with tune_config::reproducible off
 //                (R = 0) or on (R = 1), random + ASHA (S = 0) or TPE + FIFO (S = 1): the cost of its waiting
 // Anchors (Ray Tune's docs, "Tune Scalability and Overhead Benchmarks"): 10,000 one-second trials
@@ -90,6 +91,32 @@ void reproducible(benchmark::State& state) {
   }
 }
 
+/// scale/N: N trials of one report after 50 ms (--smoke: 5 ms), ranks_per_trial 1: the wall time
+/// against the ideal, N x 50 ms / groups (Ray's scalability page: 10,000 one-second trials on 16
+/// CPUs, 715 s against 625 s ideal, 14% over). Reported as overhead_pct.
+void scale(benchmark::State& state) {
+  auto const n = static_cast<std::size_t>(state.range(0));
+  auto const trial_ms = cohort_bench::full_or_smoke(50, 5);
+  auto fn = [trial_ms](cohort::context& ctx, nlohmann::json const& config) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(trial_ms));
+    ctx.report({{"score", config.at("x")}});
+  };
+  int groups = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &groups);
+  for (auto _ : state) {
+    double const s = cohort_bench::slowest_seconds([&] {
+      cohort::tuner tuner{fn, cohort::tune_config{.metric = "score", .num_samples = n, .status_interval_s = 1e9}};
+      auto grid = tuner.fit(cohort::space{{"x", cohort::uniform(0, 1)}},
+                            {.name = "scale_" + std::to_string(g_run++), .storage_path = g_dir.string(), .verbose = 0});
+      if (!grid.ok() || grid.size() != n) cohort_bench::fail(state, "the scale experiment failed: " + grid.error.value_or("?"));
+    });
+    state.SetIterationTime(s);
+    double const ideal = static_cast<double>(n) * static_cast<double>(trial_ms) / 1e3 / groups;
+    state.counters["ideal_s"] = ideal;
+    state.counters["overhead_pct"] = 100 * (s / ideal - 1);
+  }
+}
+
 /// --guard: 3 experiments of 300 one-report trials, in /dev/shm where there is one (a disk's
 /// write-back would time the disk); the median of their wall times per trial must stay <= 1 ms
 /// (docs/benchmarks.md: about 0.1 ms on tmpfs).
@@ -127,6 +154,7 @@ int main(int argc, char** argv) {
   g_dir = std::filesystem::path(tmp ? tmp : "/tmp") / ("cohort_bench_tune_" + std::to_string(pid));
   benchmark::RegisterBenchmark("trials", trials)->Arg(cohort_bench::full_or_smoke(10'000, 20))->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
   benchmark::RegisterBenchmark("results", results)->Arg(cohort_bench::full_or_smoke(25'000, 40))->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
+  benchmark::RegisterBenchmark("scale", scale)->Arg(cohort_bench::full_or_smoke(2'000, 4))->Iterations(1)->UseManualTime()->Unit(benchmark::kSecond);
   benchmark::RegisterBenchmark("reproducible", reproducible)
       ->ArgsProduct({{0, 1}, {0, 1}})
       ->ArgNames({"on", "tpe"})

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cohort/comm/deadline.hpp"
 #include "cohort/report/html_report.hpp"
 #include "cohort/report/run_directory.hpp"
 #include "cohort/report/trial_table.hpp"
@@ -56,6 +57,7 @@ class coordinator {
   /// The thread body: answers the other leaders until every group has been told it is done.
   void serve() {
     int idle = 0;
+    auto last_message = std::chrono::steady_clock::now();
     for (;;) {
       {
         std::lock_guard lock(mutex_);
@@ -66,13 +68,21 @@ class coordinator {
       MPI_Status st;
       MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &st);
       if (!flag) {
-        // Spin briefly while results stream in, then back off to at most 1 ms between polls so an
-        // idle coordinator costs rank 0's trial nothing measurable.
-        if (++idle < 2000) std::this_thread::yield();
-        else std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 50 * (idle - 1999))));
+        // Spin briefly while results stream in; then poll every 100 us for a quarter of a second
+        // after the last message (short trials: their next message is answered within 0.1 ms,
+        // bench_tune scale/2000); then back off to 1 ms between polls, so that an idle
+        // coordinator costs rank 0's trial nothing measurable.
+        if (++idle < 2000) {
+          std::this_thread::yield();
+        } else if (std::chrono::steady_clock::now() - last_message < std::chrono::milliseconds(250)) {
+          comm::detail::precise_sleep(std::chrono::microseconds(100));  // 1 us timer slack, not Linux's 50
+        } else {
+          comm::detail::precise_sleep(std::chrono::microseconds(std::min(1000, 100 + 50 * (idle - 1999))));
+        }
         continue;
       }
       idle = 0;
+      last_message = std::chrono::steady_clock::now();
       auto msg = recv_json(comm_, st.MPI_SOURCE, st.MPI_TAG);
       std::lock_guard lock(mutex_);
       std::size_t const group = group_of(st.MPI_SOURCE);
