@@ -144,6 +144,14 @@ struct observation {
   double loss = 0;          ///< the metric, negated for mode max: lower is better
 };
 
+/// An observation as the searchers' saved states hold it: {"ordinal", "params", "loss"}.
+inline nlohmann::json observation_json(observation const& o) {
+  return {{"ordinal", o.ordinal}, {"params", o.params}, {"loss", o.loss}};
+}
+inline observation observation_of(nlohmann::json const& j) {
+  return {.ordinal = j.at("ordinal").get<std::size_t>(), .params = j.at("params"), .loss = j.at("loss").get<double>()};
+}
+
 /// The state of search::tpe: set by setup, advanced by suggest and on_trial_complete.
 struct tpe_state {
   tuning::space space{};                         ///< a copy of the space given to setup
@@ -504,13 +512,10 @@ struct tpe {
   /// Everything needed to continue exactly: the knobs, the count, the engine, the running and the
   /// completed trials, and the space's description (checked on restore).
   nlohmann::json save_state() const {
-    auto obs_json = [](detail::observation const& o) {
-      return nlohmann::json{{"ordinal", o.ordinal}, {"params", o.params}, {"loss", o.loss}};
-    };
     nlohmann::json running = nlohmann::json::object();
-    for (auto const& [id, o] : state_.running) running[id] = obs_json(o);
+    for (auto const& [id, o] : state_.running) running[id] = detail::observation_json(o);
     nlohmann::json observations = nlohmann::json::array();
-    for (auto const& o : state_.observations) observations.push_back(obs_json(o));
+    for (auto const& o : state_.observations) observations.push_back(detail::observation_json(o));
     return {{"searcher", "tpe"},
             {"seed", seed},
             {"n_startup_trials", n_startup_trials},
@@ -528,10 +533,6 @@ struct tpe {
   /// knobs replace these. Throws cohort::error for another searcher's state or a changed space.
   void restore_state(nlohmann::json const& state) {
     detail::check_state(state, "tpe", state_.space);
-    auto obs_of = [](nlohmann::json const& j) {
-      return detail::observation{
-          .ordinal = j.at("ordinal").get<std::size_t>(), .params = j.at("params"), .loss = j.at("loss").get<double>()};
-    };
     seed = state.at("seed").get<std::uint64_t>();
     n_startup_trials = state.at("n_startup_trials").get<std::size_t>();
     gamma = state.at("gamma").get<double>();
@@ -540,9 +541,9 @@ struct tpe {
     state_.count = state.at("count").get<std::size_t>();
     state_.rng = detail::engine_from_text(state.at("rng").get<std::string>(), "search::tpe");
     state_.running.clear();
-    for (auto const& [id, o] : state.at("running").items()) state_.running[id] = obs_of(o);
+    for (auto const& [id, o] : state.at("running").items()) state_.running[id] = detail::observation_of(o);
     state_.observations.clear();
-    for (auto const& o : state.at("observations")) state_.observations.push_back(obs_of(o));
+    for (auto const& o : state.at("observations")) state_.observations.push_back(detail::observation_of(o));
   }
 
   cohort::detail::internal_state<detail::tpe_state, tpe> state_{};  ///< not a knob; only tpe reaches it
@@ -656,15 +657,12 @@ struct bohb {
   /// Everything needed to continue exactly: the knobs, the count, the engine, the running
   /// trials, the observations per budget, and the space's description (checked on restore).
   nlohmann::json save_state() const {
-    auto obs_json = [](detail::observation const& o) {
-      return nlohmann::json{{"ordinal", o.ordinal}, {"params", o.params}, {"loss", o.loss}};
-    };
     nlohmann::json running = nlohmann::json::object();
-    for (auto const& [id, o] : state_.running) running[id] = obs_json(o);
+    for (auto const& [id, o] : state_.running) running[id] = detail::observation_json(o);
     nlohmann::json budgets = nlohmann::json::array();
     for (auto const& [b, obs] : state_.by_budget) {
       nlohmann::json list = nlohmann::json::array();
-      for (auto const& o : obs) list.push_back(obs_json(o));
+      for (auto const& o : obs) list.push_back(detail::observation_json(o));
       budgets.push_back({{"budget", b}, {"observations", std::move(list)}});
     }
     return {{"searcher", "bohb"},
@@ -681,19 +679,15 @@ struct bohb {
   /// cohort::error for another searcher's state or a changed space.
   void restore_state(nlohmann::json const& state) {
     detail::check_state(state, "bohb", state_.space);
-    auto obs_of = [](nlohmann::json const& j) {
-      return detail::observation{
-          .ordinal = j.at("ordinal").get<std::size_t>(), .params = j.at("params"), .loss = j.at("loss").get<double>()};
-    };
     seed = state.at("seed").get<std::uint64_t>();
     state_.count = state.at("count").get<std::size_t>();
     state_.rng = detail::engine_from_text(state.at("rng").get<std::string>(), "search::bohb");
     state_.running.clear();
-    for (auto const& [id, o] : state.at("running").items()) state_.running[id] = obs_of(o);
+    for (auto const& [id, o] : state.at("running").items()) state_.running[id] = detail::observation_of(o);
     state_.by_budget.clear();
     for (auto const& b : state.at("budgets")) {
       auto& list = state_.by_budget[b.at("budget").get<double>()];
-      for (auto const& o : b.at("observations")) list.push_back(obs_of(o));
+      for (auto const& o : b.at("observations")) list.push_back(detail::observation_of(o));
     }
     state_.milestones = state.value("milestones", std::set<double>{});
   }
