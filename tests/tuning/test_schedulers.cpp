@@ -397,6 +397,51 @@ TEST_CASE("pbt: the bottom trial exploits the top one at the perturbation interv
   for (int i = 5; i < 8; ++i) CHECK(p.on_trial_result("D", at(i, "score", 0)).what == go);
 }
 
+TEST_CASE("pbt synch: trials pause at the common point until all are there, then the bottom exploits at once", "[tuning][pure]") {
+  // Catches: a trial perturbed on its own at the point (asynchronous), a decision taken before
+  // the population is complete (more trials to come), paused trials never resumed, the donor
+  // drawn from scores taken at different points, the next point not moving on.
+  auto make = [] {
+    auto p = population_pbt(0.25, 0.0);
+    p.synch = true;
+    return p;
+  };
+  auto p = make();
+  for (int i = 1; i <= 3; ++i)
+    for (auto id : {"A", "B", "C", "D"}) CHECK(p.on_trial_result(id, at(i, "score", i)).what == go);
+  CHECK(p.on_trial_result("C", at(4, "score", 5)).what == hold);
+  CHECK(p.on_trial_result("B", at(4, "score", 8)).what == hold);
+  CHECK(p.on_trial_result("A", at(4, "score", 10)).what == hold);
+  CHECK(p.on_trial_result("D", at(4, "score", 1)).what == hold);  // the searcher may add more trials
+  auto none = p.take_paused_decisions();
+  CHECK((none.resume.empty() && none.exploit.empty()));
+  auto r = make();  // the same, restored from the state saved while the four wait
+  r.restore_state(json::parse(p.save_state().dump()));
+  r.setup({});
+  for (auto* q : {&p, &r}) {
+    q->on_no_more_trials();
+    auto d = q->take_paused_decisions();
+    CHECK(d.resume == std::vector<std::string>{"A", "B", "C"});
+    REQUIRE(d.exploit.size() == 1);  // n = 4, q = 1: D (1) exploits A (10)
+    CHECK(d.exploit[0].first == "D");
+    CHECK(d.exploit[0].second.what == decision::exploit);
+    CHECK(d.exploit[0].second.donor == "A");
+    CHECK(q->config_of("D") == d.exploit[0].second.config);
+    CHECK(q->num_perturbations() == 1);
+  }
+  CHECK(p.save_state() == r.save_state());
+  // The next point is 8: the reporting trial is the last to arrive and learns its own fate.
+  for (auto id : {"A", "B", "C", "D"})
+    for (int i = 5; i < 8; ++i) CHECK(p.on_trial_result(id, at(i, "score", 0)).what == go);
+  CHECK(p.on_trial_result("A", at(8, "score", 3)).what == hold);
+  CHECK(p.on_trial_result("B", at(8, "score", 4)).what == hold);
+  p.on_trial_complete("C", at(8, "score", 9));  // ended: no longer waited for
+  auto last = p.on_trial_result("D", at(8, "score", 2));
+  CHECK(last.what == decision::exploit);  // n = 3, q = 1: D (2) exploits B (4)
+  CHECK(last.donor == "B");
+  CHECK(p.take_paused_decisions().resume == std::vector<std::string>{"A", "B"});
+}
+
 TEST_CASE("pbt: with quantile 0.5 the donor is one of the top half", "[tuning][pure]") {
   std::set<std::string> donors;
   for (std::uint64_t seed = 0; seed < 16; ++seed) {
@@ -588,6 +633,18 @@ std::vector<std::string> trials_named(int first, int last) {
 }
 
 }  // namespace
+
+TEST_CASE("HyperBand: trials settled before a suggestion are those of the brackets two back", "[tuning][pure]") {
+  // Catches: a learning searcher waiting on trials that are paused until later trials join their
+  // bracket (tune_config::reproducible would never end). max_t 9, eta 3: brackets of 3, 5, 9.
+  auto h = hyperband_9_3({});
+  CHECK(h.trials_settled_before(0) == 0);
+  CHECK(h.trials_settled_before(7) == 0);    // bracket 1: none
+  CHECK(h.trials_settled_before(8) == 3);    // bracket 2: bracket 0's three
+  CHECK(h.trials_settled_before(16) == 3);
+  CHECK(h.trials_settled_before(17) == 8);   // band 1, bracket 0: bands 0's brackets 0 and 1
+  CHECK(h.trials_settled_before(20) == 17);  // band 1, bracket 1
+}
 
 TEST_CASE("HyperBand fills the brackets of a band in Ray's order, then starts the next band", "[tuning][pure]") {
   // Catches: a bracket overfilled or skipped, bands not restarting at s = 0.

@@ -582,6 +582,83 @@ TEST_CASE("reproducible: the same seed gives the same trials.csv at every group 
 
 namespace {
 
+/// A class trainable for the pausing schedulers: loss = q(config) (1 + 1 / t) at step t, each
+/// step after a wait that depends on the rank and the config (results arrive in another order at
+/// each group count); its checkpoint (every step) holds its step count.
+struct uneven_steps {
+  double q = 0, y = 0;
+  int steps = 0;
+  void setup(nlohmann::json const& config) {
+    double const x = config.at("x").get<double>();
+    y = config.at("y").get<double>();
+    q = (x - 0.3) * (x - 0.3) + (y - 0.6) * (y - 0.6);
+  }
+  nlohmann::json step() {
+    ++steps;
+    std::this_thread::sleep_for(std::chrono::microseconds(300 + 1000 * ((world_rank() + steps) % 3) + static_cast<int>(6000 * y)));
+    return {{"loss", q * (1 + 1.0 / steps)}, {"done", steps >= 8}};
+  }
+  void save_checkpoint(std::filesystem::path const& dir) const { std::ofstream(dir / "state.json") << nlohmann::json{{"steps", steps}}.dump(); }
+  void load_checkpoint(std::filesystem::path const& dir) {
+    steps = nlohmann::json::parse(std::ifstream(dir / "state.json")).at("steps").get<int>();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("reproducible: the same seed gives the same trials.csv at every group count (BOHB + HyperBand, synchronous PBT)", "[tuning][mpi]") {
+  // Catches: BOHB learning from whichever milestones happened to be reached first, or waiting
+  // for trials paused until later ones join their bracket (it would never end); PBT ranking
+  // trials at different points, exploits decided in arrival order. Groups: every divisor of the
+  // world size as ranks_per_trial.
+  auto const storage = cohort_test::scratch("tune_reproducible_pausing");
+  cohort::space const space{{"x", cohort::uniform(0, 1)}, {"y", cohort::uniform(0, 1)}};
+  using cohort::schedule::hyperband;
+  auto run = [&](std::string const& name, int per, std::size_t samples, auto... policies) {
+    cohort::tuner tuner{uneven_steps{}, policies...,
+                        cohort::tune_config{.metric = "loss", .mode = cohort::min, .num_samples = samples, .ranks_per_trial = per,
+                                            .status_interval_s = 1e9, .reproducible = true, .reproducible_lag = 3}};
+    auto grid = tuner.fit(space, {.name = name + "_" + std::to_string(per), .storage_path = storage.string(), .verbose = 0});
+    REQUIRE(grid.ok());
+    return std::pair{world_rank() == 0 ? stable_trials_csv(storage / (name + "_" + std::to_string(per))) : std::string{},
+                     grid.best_result().config};
+  };
+  for (std::string const combo : {"bohb", "pbt"}) {
+    std::optional<std::pair<std::string, nlohmann::json>> first;
+    for (int per = world_size(); per >= 1; --per) {
+      if (world_size() % per != 0) continue;
+      auto const got =
+          combo == "bohb"
+              ? run(combo, per, 30, cohort::search::bohb{.seed = 5, .min_points_in_model = 3},
+                    hyperband{.metric = "loss", .mode = cohort::min, .max_t = 9, .reduction_factor = 3,
+                              .schedule = hyperband::brackets_of::bohb})
+              : run(combo, per, 6, cohort::search::random{.seed = 5},
+                    cohort::schedule::pbt{.perturbation_interval = 2,
+                                          .hyperparam_mutations = {{"x", cohort::schedule::mutation::range{.low = 0, .high = 1}}},
+                                          .quantile_fraction = 0.34,
+                                          .seed = 5,
+                                          .synch = true});
+      INFO(combo << " with " << world_size() / per << " groups");
+      if (!first) {
+        first = got;
+        continue;
+      }
+      CHECK(got.first == first->first);
+      CHECK(got.second == first->second);
+    }
+  }
+  if (world_rank() == 0) {  // what was compared holds decisions: stops at milestones, exploits
+    auto const bohb = stable_trials_csv(storage / ("bohb_" + std::to_string(world_size())));
+    CHECK(std::count(bohb.begin(), bohb.end(), '\n') == 31);
+    std::size_t exploits = 0;
+    for (auto const& e : std::filesystem::recursive_directory_iterator(storage / ("pbt_" + std::to_string(world_size()))))
+      exploits += e.path().filename().string().rfind("exploit_", 0) == 0 ? 1 : 0;
+    CHECK(exploits >= 3);  // two of six exploit at each of points 2, 4 and 6
+  }
+}
+
+namespace {
+
 /// Waits (at most 60 s) until one of `files` exists: an event between trial groups, which a
 /// timing on a busy machine could miss.
 void wait_for_file(std::initializer_list<std::filesystem::path> files) {

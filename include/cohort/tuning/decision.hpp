@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -37,11 +38,13 @@ struct scheduling_decision {
 };
 
 /// A synchronous scheduler's decisions about trials other than the one reporting (HyperBand at a
-/// milestone): paused trials to resume and paused trials to stop. A trial still pausing when it is
-/// named is resumed or stopped once its pause is committed.
+/// milestone, synchronous PBT at a perturbation point): paused trials to resume, to stop, and to
+/// restart from a donor's checkpoint with a new config (trial id, its `exploit` decision). A trial
+/// still pausing when it is named is resumed, stopped or restarted once its pause is committed.
 struct paused_decisions {
   std::vector<std::string> resume{};
   std::vector<std::string> stop{};
+  std::vector<std::pair<std::string, scheduling_decision>> exploit{};
 };
 
 namespace detail {

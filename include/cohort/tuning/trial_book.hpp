@@ -279,6 +279,8 @@ class trial_book {
         tell_searcher(t, searcher_event::pause, t.last());
       if (stop_when_paused_.erase(t.id)) {
         terminate(t);
+      } else if (exploit_when_paused_.erase(t.id)) {
+        continue_from_donor(t);  // the donor's checkpoint was cloned when it was decided
       } else if (resume_when_paused_.erase(t.id)) {
         t.status = "PENDING";
         queue_.push_back(t.id);
@@ -294,6 +296,7 @@ class trial_book {
     if (outcome != "pause") {
       stop_when_paused_.erase(t.id);
       resume_when_paused_.erase(t.id);
+      if (exploit_when_paused_.erase(t.id)) t.exploit.reset();
     }
     apply_paused_decisions();
   }
@@ -426,6 +429,7 @@ class trial_book {
     }
     if (!exhausted_) {
       if (auto id = suggest()) return id;
+      if (!queue_.empty()) return next_to_run();  // the searcher's end let paused trials go on
     }
     // A paused trial waits for its scheduler's word where the scheduler gives one (HyperBand);
     // with nothing else running or queued, or a scheduler that gives none, the first resumes.
@@ -497,7 +501,22 @@ class trial_book {
     queue_.push_front(t.id);
   }
 
-  /// Whether the scheduler decides about paused trials itself (HyperBand): which resume, which stop.
+  /// A paused (or still pausing) trial the scheduler restarts from a donor (synchronous PBT):
+  /// the donor's latest checkpoint is cloned now, while the donor waits at the same point as the
+  /// trial. Returns false when the donor has none: the trial keeps its config and resumes.
+  bool clone_for_restart(trial_state& t, scheduling_decision d) {
+    auto clone = clone_checkpoint(exp_, d.donor, t.id, clones_);
+    if (!clone) {
+      safely([&] { scheduler_.on_trial_add(t.id, t.config); });
+      return false;
+    }
+    t.exploit = std::move(d);
+    t.exploit->donor = *clone;
+    return true;
+  }
+
+  /// Whether the scheduler decides about paused trials itself (HyperBand, synchronous PBT): which
+  /// resume, which stop, which restart from a donor.
   static constexpr bool directs_paused = requires(Scheduler& s) {
     { s.take_paused_decisions() } -> std::same_as<paused_decisions>;
   };
@@ -530,6 +549,28 @@ class trial_book {
           stop_when_paused_.insert(id);
         }
       }
+      for (auto& [id, exploit] : d.exploit) {
+        auto it = trials_.find(id);
+        if (it == trials_.end()) continue;
+        auto& t = it->second;
+        bool const cloned = clone_for_restart(t, std::move(exploit));
+        if (auto p = std::find(paused_.begin(), paused_.end(), id); p != paused_.end()) {
+          paused_.erase(p);
+        } else if (auto q = std::find(queue_.begin(), queue_.end(), id); q != queue_.end()) {
+          queue_.erase(q);  // pausing when the experiment was interrupted: pending since
+        } else {
+          if (t.status != "RUNNING") continue;
+          if (cloned) exploit_when_paused_.insert(id);
+          else resume_when_paused_.insert(id);
+          continue;
+        }
+        if (cloned) {
+          continue_from_donor(t);
+        } else {
+          t.status = "PENDING";
+          queue_.push_back(id);
+        }
+      }
       for (auto const& id : d.resume) {
         auto it = trials_.find(id);
         if (it == trials_.end()) continue;
@@ -541,7 +582,7 @@ class trial_book {
           resume_when_paused_.insert(id);
         }
       }
-      dirty_ = dirty_ || !d.stop.empty() || !d.resume.empty();
+      dirty_ = dirty_ || !d.stop.empty() || !d.resume.empty() || !d.exploit.empty();
     }
   }
 
@@ -576,10 +617,15 @@ class trial_book {
   }
 
   /// Under tune_config::reproducible, before suggesting trial next_: whether every trial below
-  /// next_ - reproducible_lag has ended; if so their events are handed to the searcher, in trial
-  /// order (those not handed over yet).
+  /// next_ - reproducible_lag has ended (fewer where the scheduler pauses trials until later ones
+  /// join them: HyperBand's trials_settled_before); if so their events are handed to the
+  /// searcher, in trial order (those not handed over yet).
   bool searcher_caught_up() {
-    std::size_t const upto = next_ > cfg_.reproducible_lag ? next_ - cfg_.reproducible_lag : 0;
+    std::size_t upto = next_ > cfg_.reproducible_lag ? next_ - cfg_.reproducible_lag : 0;
+    if constexpr (requires(Scheduler const& s) {
+                    { s.trials_settled_before(next_) } -> std::convertible_to<std::size_t>;
+                  })
+      upto = std::min(upto, scheduler_.trials_settled_before(next_));
     for (std::size_t j = told_upto_; j < upto; ++j) {
       auto it = trials_.find(trial_id(j));
       if (it != trials_.end() && it->second.status != "TERMINATED" && it->second.status != "ERROR") return false;
@@ -629,6 +675,7 @@ class trial_book {
   std::deque<std::string> queue_, paused_;
   std::set<std::string> unlisted_;  ///< on restore: directories the state does not list, until suggested again
   std::set<std::string> stop_when_paused_, resume_when_paused_;  ///< decided while the trial was still pausing
+  std::set<std::string> exploit_when_paused_;  ///< the same, for a restart from a donor (cloned: trial_state::exploit)
   std::set<std::string> failed_by_tuner_;  ///< trials the scheduler failed on: their error is not retried
   /// tune_config::reproducible: results held for their turn, by trial number; the searcher's
   /// events not handed over yet, by trial number; the trials below told_upto_ handed over.

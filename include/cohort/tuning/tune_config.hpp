@@ -38,8 +38,9 @@ struct tune_config {
   /// reproducibility): the scheduler sees results in a fixed order (a trial's result at iteration
   /// t once every earlier trial still running has reported t), and the searcher learns of a trial
   /// only when it and every earlier trial have ended, `reproducible_lag` trials behind the one it
-  /// suggests (suggestion k from trials 0 .. k - 1 - lag, waiting for them). Off by default:
-  /// groups may wait. schedule::fifo and schedule::asha only.
+  /// suggests (suggestion k from trials 0 .. k - 1 - lag, waiting for them; fewer under a
+  /// scheduler that pauses trials: trials_settled_before). Off by default: groups may wait.
+  /// schedule::fifo, asha, hyperband and pbt{.synch = true} only.
   bool reproducible = false;
   std::size_t reproducible_lag = 8;  ///< see reproducible
 };

@@ -178,9 +178,16 @@ class tuner {
     if (config_.resume_errored && config_.restart_errored)
       return "tune_config.resume_errored and restart_errored are both set: choose one (resume from the latest "
              "checkpoint, or start over)";
-    if (config_.reproducible && !std::is_same_v<scheduler_type, schedule::fifo> && !std::is_same_v<scheduler_type, schedule::asha>)
-      return "tune_config.reproducible covers schedule::fifo and schedule::asha; this scheduler decides on results in "
-             "the order they arrive or pauses trials: leave reproducible off, or use fifo or asha";
+    if constexpr (std::is_same_v<scheduler_type, schedule::pbt>) {
+      if (config_.reproducible && !scheduler_.synch)
+        return "tune_config.reproducible needs schedule::pbt{.synch = true}: asynchronous PBT ranks each trial against "
+               "whatever results the others have reached";
+    } else if constexpr (!std::is_same_v<scheduler_type, schedule::fifo> && !std::is_same_v<scheduler_type, schedule::asha> &&
+                         !std::is_same_v<scheduler_type, schedule::hyperband>) {
+      if (config_.reproducible)
+        return "tune_config.reproducible covers schedule::fifo, asha, hyperband and pbt{.synch = true}; this scheduler "
+               "decides on results in the order they arrive: leave reproducible off, or use one of those";
+    }
     if (config_.max_failures < -1)
       return "tune_config.max_failures = " + std::to_string(config_.max_failures) +
              ": set it to a retry count, 0 for none, or -1 for no limit";

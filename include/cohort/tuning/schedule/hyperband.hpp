@@ -210,6 +210,24 @@ struct hyperband {
     state_.decided = {s.value("resume", std::vector<std::string>{}), s.value("stop", std::vector<std::string>{})};
   }
 
+  /// Under tune_config::reproducible: how many of the first trials must have ended before trial
+  /// number `k` (counting from 0) is suggested, so that a learning searcher (search::bohb) knows
+  /// the same results then in every run: all trials of the brackets two or more before trial k's.
+  /// Never its own bracket's or the previous one's, whose trials may still be paused waiting for
+  /// that bracket to fill. Brackets fill in order to n0 trials each (accepting()), so trial k's
+  /// bracket follows from k.
+  std::size_t trials_settled_before(std::size_t k) const {
+    require_setup();
+    std::size_t begin = 0, previous_begin = 0, index = 0;  // the bracket [begin, begin + n0) and the one before
+    while (true) {
+      auto const n0 = static_cast<std::size_t>(state_.schedule.at(index).milestones.at(0).trials);
+      if (k < begin + n0) return previous_begin;
+      previous_begin = begin;
+      begin += n0;
+      index = (index + 1) % state_.schedule.size();
+    }
+  }
+
   /// How many trials were stopped at a milestone so far.
   std::size_t num_stopped() const { return state_.num_stopped; }
 

@@ -53,6 +53,7 @@ struct pbt_trial {
   double last_perturbation_time = 0;
   double last_train_time = 0;
   bool finished = false;
+  bool waiting = false;  ///< synch: paused at the perturbation point until every trial is there
 };
 
 /// PBT's state, internal.
@@ -63,6 +64,9 @@ struct pbt_state {
   std::mt19937_64 rng{};
   std::size_t num_perturbations = 0;
   bool restored = false;  ///< setup after restore_state keeps the restored rng
+  double next_sync = 0;   ///< synch: the next perturbation point (Ray's _next_perturbation_sync)
+  bool closed = false;    ///< synch: no trial will be added any more
+  tuning::paused_decisions decided{};  ///< synch: about other trials, until the tuner takes them
 };
 
 /// A config's value at a mutation key: the key itself, else an "a/b" path.
@@ -99,7 +103,8 @@ inline nlohmann::json resample_range(mutation_range const& r, bool integer, std:
 
 }  // namespace detail
 
-/// Population based training (Ray's PopulationBasedTraining, asynchronous mode).
+/// Population based training (Ray's PopulationBasedTraining), asynchronous or, with `synch`,
+/// synchronous.
 ///
 /// When a trial's `time_attr` is at least `perturbation_interval` past its last perturbation (and
 /// not below `burn_in_period`), its score (metric, negated for min) is recorded and all unfinished
@@ -113,6 +118,16 @@ inline nlohmann::json resample_range(mutation_range const& r, bool integer, std:
 /// by one of `perturbation_factors` (chosen uniformly), clamped to the range, and rounded if
 /// integer. `custom_explore`, if set, then maps the config. The trial takes that config and the
 /// donor's perturbation time. Anything else proceeds. Randomness comes from `seed` only.
+///
+/// With `synch` (Ray's synch=True), perturbations happen at common points instead: the first at
+/// max(perturbation_interval, burn_in_period), then every perturbation_interval. A trial whose
+/// time_attr reaches the point records its score and pauses until every unfinished trial has
+/// reached it and no trial will join (on_no_more_trials). Then the lower quantile, in the order
+/// trials were added, exploits as above, all decided at once from scores taken at the same point
+/// (the donors' checkpoints are the ones they paused with), and the others resume; the next point
+/// is perturbation_interval later, or the furthest trial's time if that is later. Decisions about
+/// paused trials wait in take_paused_decisions(). The outcome no longer depends on the order
+/// results arrive in, which is what tune_config::reproducible needs.
 ///
 /// Differences from Ray: the exploit does not wait on the donor having saved a checkpoint at its
 /// own last perturbation (cohort's trials report their own checkpoints; the tuner clones the
@@ -136,6 +151,7 @@ struct pbt {
   std::vector<double> perturbation_factors = {1.2, 0.8};                 ///< multipliers for range values
   std::function<nlohmann::json(nlohmann::json, std::mt19937_64&)> custom_explore{};  ///< applied after the mutations
   std::uint64_t seed = 0;                                                            ///< all of PBT's randomness
+  bool synch = false;  ///< perturb at common points, every trial paused there (see the type)
 
   /// Checks the knobs, fixes metric and mode, seeds the rng. Call once, before any trial.
   void setup(tuning::objective const& o) {
@@ -164,7 +180,10 @@ struct pbt {
       }
     }
     state_.objective = detail::resolve(metric, mode, o, who);
-    if (!state_.restored) state_.rng.seed(seed);
+    if (!state_.restored) {
+      state_.rng.seed(seed);
+      state_.next_sync = std::max(perturbation_interval, burn_in_period);
+    }
     state_.ready = true;
   }
 
@@ -192,6 +211,14 @@ struct pbt {
       throw cohort::error("schedule::pbt: a result for trial " + id +
                           ", which was never added; call on_trial_add first");
     if (t < burn_in_period) return {};
+    if (synch) {
+      if (t < state_.next_sync) return {};
+      me->last_score = state_.objective.sign * value;
+      me->last_train_time = t;
+      me->last_perturbation_time = t;
+      me->waiting = true;
+      return perturb_all(&id);
+    }
     if (t - me->last_perturbation_time < perturbation_interval) return {};
     me->last_score = state_.objective.sign * value;
     me->last_train_time = t;
@@ -208,10 +235,32 @@ struct pbt {
     return {.what = tuning::decision::exploit, .donor = donor->id, .config = std::move(config)};
   }
 
-  /// Leaves the trial out of later rankings (Ray ranks only unfinished trials).
+  /// Leaves the trial out of later rankings (Ray ranks only unfinished trials). With synch, the
+  /// trials waiting at the perturbation point may now all be there.
   void on_trial_complete(std::string const& id, nlohmann::json const&) {
-    if (auto* me = find(id)) me->finished = true;
+    if (auto* me = find(id)) {
+      me->finished = true;
+      me->waiting = false;
+    }
+    std::erase(state_.decided.resume, id);
+    std::erase_if(state_.decided.exploit, [&](auto const& e) { return e.first == id; });
+    if (synch) perturb_all(nullptr);
   }
+
+  /// The searcher is exhausted: with synch, the perturbation point waits for no new trial.
+  void on_no_more_trials() {
+    if (state_.closed) return;
+    state_.closed = true;
+    if (synch) perturb_all(nullptr);
+  }
+
+  /// Under tune_config::reproducible: no trial need end before another is suggested. Every trial
+  /// of the population waits at the first perturbation point until the last one has started, so a
+  /// searcher waiting on ended trials would wait forever; it learns from none of them instead.
+  std::size_t trials_settled_before(std::size_t) const { return 0; }
+
+  /// With synch: the paused trials to resume and to restart from a donor, decided since the last call.
+  tuning::paused_decisions take_paused_decisions() { return std::exchange(state_.decided, {}); }
 
   /// Every trial's config, score and times, the rng and the exploit count.
   nlohmann::json save_state() const {
@@ -224,8 +273,17 @@ struct pbt {
            {"has_score", tr.last_score.has_value()},
            {"last_perturbation_time", tr.last_perturbation_time},
            {"last_train_time", tr.last_train_time},
-           {"finished", tr.finished}});
-    return {{"trials", trials}, {"rng", detail::rng_text(state_.rng)}, {"num_perturbations", state_.num_perturbations}};
+           {"finished", tr.finished},
+           {"waiting", tr.waiting}});
+    nlohmann::json exploit = nlohmann::json::array();
+    for (auto const& [id, d] : state_.decided.exploit) exploit.push_back({{"id", id}, {"donor", d.donor}, {"config", d.config}});
+    return {{"trials", trials},
+            {"rng", detail::rng_text(state_.rng)},
+            {"num_perturbations", state_.num_perturbations},
+            {"next_sync", state_.next_sync},
+            {"closed", state_.closed},
+            {"resume", state_.decided.resume},
+            {"exploit", exploit}};
   }
 
   /// Restores what `save_state` returned.
@@ -237,10 +295,18 @@ struct pbt {
       tr.last_perturbation_time = j.at("last_perturbation_time").get<double>();
       tr.last_train_time = j.at("last_train_time").get<double>();
       tr.finished = j.value("finished", false);
+      tr.waiting = j.value("waiting", false);
       state_.trials.push_back(std::move(tr));
     }
     detail::set_rng_text(state_.rng, s.at("rng"), "schedule::pbt");
     state_.num_perturbations = s.value("num_perturbations", std::size_t{0});
+    state_.next_sync = s.value("next_sync", std::max(perturbation_interval, burn_in_period));
+    state_.closed = s.value("closed", false);
+    state_.decided = {.resume = s.value("resume", std::vector<std::string>{})};
+    for (auto const& e : s.value("exploit", nlohmann::json::array()))
+      state_.decided.exploit.emplace_back(
+          e.at("id").get<std::string>(),
+          tuning::scheduling_decision{.what = tuning::decision::exploit, .donor = e.at("donor").get<std::string>(), .config = e.at("config")});
     state_.restored = true;
   }
 
@@ -271,6 +337,41 @@ struct pbt {
     for (auto& tr : state_.trials)
       if (tr.id == id) return &tr;
     return nullptr;
+  }
+
+  /// With synch: once every unfinished trial waits at the perturbation point and none will join,
+  /// the lower quantile exploits (in the order trials were added) and the rest resume. Returns
+  /// what `current` (the reporting trial, null for none) does: pause while others are missing.
+  tuning::scheduling_decision perturb_all(std::string const* current) {
+    bool any = false;
+    for (auto const& tr : state_.trials) {
+      if (tr.finished) continue;
+      if (!tr.waiting) return {tuning::decision::pause};
+      any = true;
+    }
+    if (!any || !state_.closed) return {tuning::decision::pause};
+    auto [lower, upper] = quantiles();
+    tuning::scheduling_decision mine{};
+    double furthest = 0;
+    for (auto& tr : state_.trials) {
+      if (tr.finished) continue;
+      furthest = std::max(furthest, tr.last_train_time);
+      tuning::scheduling_decision d{};
+      if (std::find(lower.begin(), lower.end(), &tr) != lower.end() && !upper.empty()) {
+        detail::pbt_trial const* donor = upper[detail::uniform_index_one_draw(state_.rng, upper.size())];
+        d = {.what = tuning::decision::exploit, .donor = donor->id, .config = explore(donor->config)};
+        tr.config = d.config;
+        tr.last_perturbation_time = donor->last_perturbation_time;
+        tr.last_train_time = donor->last_train_time;
+        ++state_.num_perturbations;
+      }
+      tr.waiting = false;
+      if (current && tr.id == *current) mine = std::move(d);
+      else if (d.what == tuning::decision::exploit) state_.decided.exploit.emplace_back(tr.id, std::move(d));
+      else state_.decided.resume.push_back(tr.id);
+    }
+    state_.next_sync = std::max(state_.next_sync + perturbation_interval, furthest);
+    return mine;
   }
 
   /// Ray's _quantiles: (lower, upper), each q trials, or both empty.
