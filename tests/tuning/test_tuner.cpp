@@ -657,6 +657,21 @@ TEST_CASE("reproducible: the same seed gives the same trials.csv at every group 
   }
 }
 
+TEST_CASE("reproducible: schedulers it cannot cover are refused before any trial", "[tuning][mpi]") {
+  auto const storage = cohort_test::scratch("tune_reproducible_refused");
+  cohort::space const space{{"x", cohort::uniform(0, 1)}, {"y", cohort::uniform(0, 1)}};
+  cohort::tune_config const cfg{.metric = "loss", .mode = cohort::min, .num_samples = 2, .status_interval_s = 1e9, .reproducible = true};
+  cohort::tuner median{uneven_steps{}, cohort::schedule::median_stopping{}, cfg};
+  auto a = median.fit(space, {.name = "median", .storage_path = storage.string(), .verbose = 0});
+  CHECK_THAT(a.error.value_or(""), contains_text("reproducible covers schedule::fifo, asha, hyperband and pbt{.synch = true}"));
+  cohort::tuner async_pbt{uneven_steps{}, cohort::schedule::pbt{.hyperparam_mutations = {{"x", cohort::schedule::mutation::range{.low = 0, .high = 1}}}},
+                          cfg};
+  auto b = async_pbt.fit(space, {.name = "pbt", .storage_path = storage.string(), .verbose = 0});
+  CHECK_THAT(b.error.value_or(""), contains_text("needs schedule::pbt{.synch = true}"));
+  CHECK(a.size() == 0);
+  CHECK(b.size() == 0);
+}
+
 namespace {
 
 /// Waits (at most 60 s) until one of `files` exists: an event between trial groups, which a
