@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <sstream>
 #include <string>
 
 namespace cohort_test {
@@ -30,5 +33,19 @@ inline std::filesystem::path scratch(std::string const& what) {
   MPI_Barrier(MPI_COMM_WORLD);
   return p;
 }
+
+/// Captures what is written to std::cerr while it lives (the stream's buffer swapped).
+class capture_stderr {
+ public:
+  capture_stderr() : old_(std::cerr.rdbuf(buf_.rdbuf())) {}
+  capture_stderr(capture_stderr const&) = delete;
+  capture_stderr& operator=(capture_stderr const&) = delete;
+  ~capture_stderr() { std::cerr.rdbuf(old_); }
+  std::string text() const { return buf_.str(); }
+
+ private:
+  std::ostringstream buf_;
+  std::streambuf* old_;
+};
 
 }  // namespace cohort_test

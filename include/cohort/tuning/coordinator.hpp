@@ -54,6 +54,9 @@ class coordinator {
   /// Whether start() restored an interrupted experiment.
   bool restored() const { return book_.restored(); }
 
+  /// Rank 0's callbacks, told of every trial's events (null: none). Before serve().
+  void set_callbacks(report::callback_runner* callbacks) { book_.set_callbacks(callbacks); }
+
   /// The thread body: answers the other leaders until every group has been told it is done.
   void serve() {
     int idle = 0;

@@ -34,6 +34,7 @@ struct trial_state {
   std::string error;
   std::size_t failures = 0;     ///< times its functor threw (each retried while tune_config.max_failures allows)
   bool resumed_after_pause = false;
+  std::int64_t told_checkpoint = 0;  ///< the newest checkpoint callbacks were told of (not saved)
   std::optional<scheduling_decision> exploit;  ///< set between an exploit decision and the trial's end
 
   /// The trial's last result (empty before its first).

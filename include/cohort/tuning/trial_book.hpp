@@ -28,6 +28,7 @@
 
 #include "cohort/checkpointing/checkpoint.hpp"
 #include "cohort/detail/utc_stamp.hpp"
+#include "cohort/report/callbacks.hpp"
 #include "cohort/report/trial_table.hpp"
 #include "cohort/tuning/decision.hpp"
 #include "cohort/tuning/experiment_state.hpp"
@@ -162,6 +163,10 @@ class trial_book {
     else apply_paused_decisions();  // decisions saved before the interruption
   }
 
+  /// Rank 0's callbacks (report/callbacks.hpp), told of every trial's start, results,
+  /// checkpoints and end from here on; null for none. Outlives the book's use of it.
+  void set_callbacks(report::callback_runner* callbacks) { callbacks_ = callbacks; }
+
   /// Whether start() restored an interrupted experiment.
   bool restored() const { return restored_; }
 
@@ -178,6 +183,7 @@ class trial_book {
         ++running_;
         dirty_ = true;
         if (!t.restore_from.empty() && !cohort::checkpointing::committed(exp_ / t.id).empty()) t.restore_from.clear();
+        if (callbacks_) tell_start(t);
         return nlohmann::json{{"trial_id", t.id}, {"config", t.config}, {"restore_from", t.restore_from}};
       }
     }
@@ -225,6 +231,7 @@ class trial_book {
     t.history.push_back(std::move(msg.at("row")));
     auto const& row = t.history.back();
     dirty_ = true;
+    if (callbacks_) tell_result(t);
     if constexpr (requires(Searcher& s) { s.on_trial_result(t.id, row); })  // BOHB: results at milestones
       tell_searcher(t, searcher_event::result, row);
     if (!preempted_.empty()) return {{"what", "preempt"}};  // every running trial stops, resumable
@@ -266,6 +273,10 @@ class trial_book {
     } else if (outcome == "error") {
       t.status = "ERROR";
       t.error = msg.value("error", std::string("failed"));
+      if (callbacks_) {
+        tell_checkpoints(t);
+        callbacks_->trial_error(t.id, t.error);
+      }
       tell_searcher(t, searcher_event::complete, nlohmann::json());
       safely([&] { scheduler_.on_trial_complete(t.id, t.last()); });
     } else if (outcome == "preempted" || outcome == "preempt") {
@@ -590,8 +601,46 @@ class trial_book {
   void terminate(trial_state& t) {
     t.status = "TERMINATED";
     dirty_ = true;
+    if (callbacks_) {
+      tell_checkpoints(t);
+      callbacks_->trial_complete(t.id);
+    }
     tell_searcher(t, searcher_event::complete, t.last());
     safely([&] { scheduler_.on_trial_complete(t.id, t.last()); });
+  }
+
+  /// Callbacks: the trial starts, or goes on from a checkpoint (its own latest, or a donor's copy).
+  void tell_start(trial_state const& t) {
+    std::filesystem::path from = t.restore_from;
+    if (from.empty()) {
+      auto kept = cohort::checkpointing::committed(exp_ / t.id);
+      if (!kept.empty()) from = kept.back();
+    }
+    callbacks_->trial_start({.id = t.id, .config = t.config, .path = exp_ / t.id}, from);
+  }
+
+  /// Callbacks: a result, and the checkpoint it committed (sync checkpoints are committed before
+  /// the result is sent; async ones are found at the trial's end, tell_checkpoints).
+  void tell_result(trial_state& t) {
+    auto const& row = t.history.back();
+    callbacks_->trial_result(t.id, row);
+    auto const iteration = row.value("training_iteration", std::int64_t{0});
+    auto dir = exp_ / t.id / checkpointing::dir_name(iteration);
+    std::error_code ec;
+    if (iteration > t.told_checkpoint && std::filesystem::is_directory(dir, ec)) {
+      t.told_checkpoint = iteration;
+      callbacks_->checkpoint(t.id, std::move(dir));
+    }
+  }
+
+  /// Callbacks: the trial's committed checkpoints not told yet (async mode commits after the result).
+  void tell_checkpoints(trial_state& t) {
+    for (auto const& dir : cohort::checkpointing::committed(exp_ / t.id)) {
+      auto const iteration = std::stoll(dir.filename().string().substr(11));  // checkpoint_NNNNNN
+      if (iteration <= t.told_checkpoint) continue;
+      t.told_checkpoint = iteration;
+      callbacks_->checkpoint(t.id, dir);
+    }
   }
 
   enum class searcher_event { result, pause, complete };
@@ -685,6 +734,7 @@ class trial_book {
   std::size_t next_ = 0, running_ = 0, clones_ = 0;
   bool exhausted_ = false, stopping_ = false, dirty_ = true, restored_ = false;
   std::string fatal_, preempted_;
+  report::callback_runner* callbacks_ = nullptr;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

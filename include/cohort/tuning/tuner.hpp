@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -28,6 +29,7 @@
 #include "cohort/comm/mpi.hpp"
 #include "cohort/detail/thread_start.hpp"
 #include "cohort/environment.hpp"
+#include "cohort/report/callbacks.hpp"
 #include "cohort/run_config.hpp"
 #include "cohort/trainer.hpp"
 #include "cohort/tuning/concepts.hpp"
@@ -53,13 +55,14 @@ struct is_trainer<cohort::trainer<F, P...>> : std::true_type {};
 
 template <class P>
 inline constexpr int tuner_axes = int(cohort::searcher<P>) + int(cohort::scheduler<P>) + int(cohort::stopper<P>) +
-                                  int(std::is_same_v<P, cohort::tune_config>);
+                                  int(cohort::callback<P>) + int(std::is_same_v<P, cohort::tune_config>);
 
 template <class P>
 struct check_tuner_policy {
   static_assert(tuner_axes<P> >= 1,
                 "cohort::tuner: this argument is not a tuning policy: it must satisfy cohort::searcher, "
-                "cohort::scheduler or cohort::stopper (see cohort/concepts.hpp), or be a cohort::tune_config");
+                "cohort::scheduler, cohort::stopper (see cohort/tuning/concepts.hpp) or cohort::callback "
+                "(cohort/report/callbacks.hpp), or be a cohort::tune_config");
   static_assert(tuner_axes<P> <= 1, "cohort::tuner: this policy satisfies more than one tuning concept");
   static constexpr bool value = true;
 };
@@ -73,6 +76,15 @@ template <class... Ps>
 auto stoppers_of(Ps const&... ps) {
   return std::tuple_cat([](auto const& p) {
     if constexpr (cohort::stopper<std::decay_t<decltype(p)>>) return std::tuple(p);
+    else return std::tuple<>();
+  }(ps)...);
+}
+
+/// The callbacks among `Ps`, as a tuple.
+template <class... Ps>
+auto callbacks_of(Ps const&... ps) {
+  return std::tuple_cat([](auto const& p) {
+    if constexpr (cohort::callback<std::decay_t<decltype(p)>>) return std::tuple(p);
     else return std::tuple<>();
   }(ps)...);
 }
@@ -96,7 +108,8 @@ auto make_trainer(Trainable t, tune_config const& cfg) {
 /// `fn(cohort::context&, Config const&)` (a single-rank function when ranks_per_trial is 1), or a
 /// class trainable (cohort::trainable_class). The policies, in any order: at most one searcher
 /// (default search::basic), at most one scheduler (default schedule::fifo), any number of
-/// stoppers (any one stops), at most one tune_config.
+/// stoppers (any one stops), any number of callbacks (cohort::callback: told of every trial's
+/// start, results, checkpoints and end on a thread of rank 0), at most one tune_config.
 template <class Trainable, class... Policies>
 class tuner {
   static_assert((tuning::detail::check_tuner_policy<Policies>::value && ...));
@@ -109,12 +122,14 @@ class tuner {
   using searcher_type = typename cohort::detail::policy_or<tuning::detail::is_searcher, search::basic, Policies...>::type;
   using scheduler_type = typename cohort::detail::policy_or<tuning::detail::is_scheduler, schedule::fifo, Policies...>::type;
   using stoppers_type = decltype(tuning::detail::stoppers_of(std::declval<Policies const&>()...));
+  using callbacks_type = decltype(tuning::detail::callbacks_of(std::declval<Policies const&>()...));
 
   explicit tuner(Trainable trainable, Policies... policies)
       : config_(config_argument(policies...)),
         searcher_(policy_argument<searcher_type>(policies...)),
         scheduler_(policy_argument<scheduler_type>(policies...)),
         stoppers_(tuning::detail::stoppers_of(policies...)),
+        callbacks_(tuning::detail::callbacks_of(policies...)),
         trainer_(tuning::detail::make_trainer(std::move(trainable), config_)) {}
 
   tune_config const& config() const { return config_; }
@@ -144,15 +159,25 @@ class tuner {
     if (auto e = comm::agree_on_error(world, rank == 0 ? start_coordinator(coord, space, run, exp, comm, world.size()) : std::nullopt))
       return fail(std::move(out), *e, rank);
 
+    std::unique_ptr<report::callback_runner> callbacks;
+    report::experiment_info const info{.name = name, .path = exp, .world_size = world.size(), .tuning = true,
+                                       .metric = config_.metric, .mode = config_.mode};
     std::thread server;
-    if (rank == 0)
+    if (rank == 0) {
+      callbacks = report::make_callback_runner(callbacks_);
+      if (callbacks) {
+        callbacks->experiment_start(info);
+        coord->set_callbacks(callbacks.get());
+      }
       server = std::thread([&] {
         cohort::detail::begin_background_thread("cohort-tuner");
         coord->serve();
       });
+    }
     cohort::detail::signal_guard signals;  // SIGTERM/SIGINT between trials: no new trial starts
     run_trials(coord, run, exp, comm, world, timeout_ms);
     if (server.joinable()) server.join();
+    if (callbacks) callbacks->finish(&info);
     return gather_results(std::move(out), coord, world);
   }
 
@@ -327,6 +352,7 @@ class tuner {
   searcher_type searcher_;
   scheduler_type scheduler_;
   stoppers_type stoppers_;
+  callbacks_type callbacks_;
   decltype(tuning::detail::make_trainer(std::declval<Trainable>(), std::declval<tune_config const&>())) trainer_;
 };
 

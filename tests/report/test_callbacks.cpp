@@ -1,0 +1,115 @@
+#include <cohort/report/callbacks.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../catch.hpp"
+#include "../support.hpp"
+
+namespace {
+
+/// Records every event it is told as "event trial", in a log shared by its copies.
+struct recorder {
+  std::shared_ptr<std::vector<std::string>> log = std::make_shared<std::vector<std::string>>();
+  void on_experiment_start(cohort::report::experiment_info const& e) { log->push_back("start " + e.name); }
+  void on_trial_start(cohort::report::trial_info const& t) { log->push_back("trial " + t.id + " " + t.config.dump()); }
+  void on_trial_restore(cohort::report::trial_info const& t, std::filesystem::path const& c) {
+    log->push_back("restore " + t.id + " " + c.filename().string());
+  }
+  void on_trial_result(cohort::report::trial_info const& t, nlohmann::json const& r) {
+    log->push_back("result " + t.id + " " + r.at("loss").dump());
+  }
+  void on_checkpoint(cohort::report::trial_info const& t, std::filesystem::path const& c) {
+    log->push_back("checkpoint " + t.id + " " + c.filename().string());
+  }
+  void on_trial_complete(cohort::report::trial_info const& t) { log->push_back("complete " + t.id); }
+  void on_trial_error(cohort::report::trial_info const& t, std::string const& e) { log->push_back("error " + t.id + " " + e); }
+  void on_experiment_end(cohort::report::experiment_info const& e) { log->push_back("end " + e.name); }
+};
+
+/// Only results; throws on each.
+struct thrower {
+  std::shared_ptr<std::atomic<int>> calls = std::make_shared<std::atomic<int>>(0);
+  void on_trial_result(cohort::report::trial_info const&, nlohmann::json const&) {
+    ++*calls;
+    throw std::runtime_error("tracker refused");
+  }
+};
+
+/// Blocks in its first result until released.
+struct blocker {
+  std::shared_ptr<std::atomic<bool>> release = std::make_shared<std::atomic<bool>>(false);
+  void on_trial_result(cohort::report::trial_info const&, nlohmann::json const&) {
+    while (!*release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("callbacks: the concept takes any type with one of Ray's events, and nothing else", "[report][pure]") {
+  STATIC_REQUIRE(cohort::callback<recorder>);
+  STATIC_REQUIRE(cohort::callback<thrower>);
+  STATIC_REQUIRE(!cohort::callback<int>);
+  struct unrelated {
+    void on_something(int) {}
+  };
+  STATIC_REQUIRE(!cohort::callback<unrelated>);
+}
+
+TEST_CASE("callbacks: every event reaches each callback in order, on the runner's thread", "[report][pure]") {
+  // Catches: events lost or reordered, a restore told as a plain start, a result told without
+  // its trial's config, the end told before the last result.
+  recorder r;
+  thrower t;
+  cohort_test::capture_stderr err;
+  {
+    auto runner = cohort::report::make_callback_runner(std::tuple{r, t});
+    REQUIRE(runner);
+    cohort::report::experiment_info const info{.name = "exp"};
+    runner->experiment_start(info);
+    runner->trial_start({.id = "t0", .config = {{"lr", 0.1}}});
+    runner->trial_start({.id = "t1", .config = {{"lr", 0.2}}}, "/x/checkpoint_000002");
+    runner->trial_result("t0", {{"loss", 1}});
+    runner->checkpoint("t0", "/x/t0/checkpoint_000001");
+    runner->trial_result("t1", {{"loss", 2}});
+    runner->trial_error("t1", "boom");
+    runner->trial_complete("t0");
+    runner->finish(&info);
+    CHECK(runner->dropped() == 0);
+  }
+  CHECK(*r.log == std::vector<std::string>{"start exp", "trial t0 {\"lr\":0.1}", "restore t1 checkpoint_000002", "result t0 1",
+                                           "checkpoint t0 checkpoint_000001", "result t1 2", "error t1 boom", "complete t0",
+                                           "end exp"});
+  CHECK(*t.calls == 2);  // a callback that throws keeps getting events, and is said once
+  auto const said = err.text();
+  CHECK_THAT(said, contains_text("callback 1 threw in on_trial_result: tracker refused; training goes on"));
+  CHECK(said.find("threw") == said.rfind("threw"));
+  CHECK(cohort::report::make_callback_runner(std::tuple<>{}) == nullptr);
+}
+
+TEST_CASE("callbacks: one that blocks never holds up the poster; the queue is bounded and the drops said", "[report][pure]") {
+  // Catches: posting waiting for the callback (training stalls), an unbounded queue, an end that
+  // waits forever for a blocked callback, drops not said.
+  blocker b;
+  cohort_test::capture_stderr err;
+  auto runner = cohort::report::make_callback_runner(
+      std::tuple{b}, {.max_queued_events = 100, .slow_call = std::chrono::milliseconds(50), .drain_timeout = std::chrono::milliseconds(300)});
+  auto const start = std::chrono::steady_clock::now();
+  runner->trial_start({.id = "t0"});
+  for (int i = 0; i < 1000; ++i) runner->trial_result("t0", {{"loss", i}});
+  auto const posting = std::chrono::steady_clock::now() - start;
+  CHECK(posting < std::chrono::milliseconds(250));  // 1,000 posts; a blocked callback would take forever
+  runner->finish();
+  auto const ended = std::chrono::steady_clock::now() - start;
+  CHECK(ended < std::chrono::seconds(5));
+  CHECK(runner->dropped() >= 800);  // at most 100 wait, one is being delivered
+  auto const said = err.text();
+  CHECK_THAT(said, contains_text("callbacks still busy"));
+  CHECK_THAT(said, contains_text("events dropped (more than 100 were waiting)"));
+  *b.release = true;  // the detached thread finishes on its own, its last line still captured
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+}
