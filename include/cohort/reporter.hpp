@@ -27,6 +27,7 @@
 #include "cohort/detail/lockstep.hpp"
 #include "cohort/detail/stop_signal.hpp"
 #include "cohort/error.hpp"
+#include "cohort/report/callbacks.hpp"
 #include "cohort/report/recorder.hpp"
 
 namespace cohort::detail {
@@ -55,6 +56,7 @@ struct reporter_options {
   std::filesystem::path run_path{};                 ///< the run directory (written by rank 0)
   checkpoint_mode mode = checkpoint_mode::sync;     ///< run_config::checkpoint_mode
   report_listener listener{};                       ///< set (on every rank) when a tuner runs this fit as a trial
+  report::callback_runner* callbacks = nullptr;      ///< rank 0 outside a tuner: told of each row and commit
   checkpointing::retained::retain_fn retain{};      ///< the checkpointing policy's decision
   /// Rank 0: validates every committed checkpoint after the report's own validate_fn, if any
   /// (run_config::validators: asks the validator ranks).
@@ -68,7 +70,8 @@ class reporter {
   /// agreement on control flow, which every report starts with. Both outlive the reporter.
   reporter(comm::any& control, lockstep& steps, reporter_options options)
       : control_(control), steps_(steps), rank_(options.rank), run_path_(std::move(options.run_path)),
-        mode_(options.mode), listener_(std::move(options.listener)), validate_every_(std::move(options.validate_every)) {
+        mode_(options.mode), listener_(std::move(options.listener)), callbacks_(options.callbacks),
+        validate_every_(std::move(options.validate_every)) {
     checkpoints_.open(run_path_, std::move(options.retain));
   }
   reporter(reporter const&) = delete;
@@ -111,6 +114,7 @@ class reporter {
       return report_checkpoint(std::move(metrics), payload ? *payload : nothing, validate);
     }
     rows_.record(rows_.is_open() ? rows_.row_of(std::move(metrics)) : nlohmann::json());
+    tell_callbacks();
     if (agreed.signal != 0) throw preempted{agreed.signal, rows_.count()};
     consult_listener();
   }
@@ -214,6 +218,7 @@ class reporter {
     }
     if (auto e = agree_on(err)) throw cohort::error(*e);
     rows_.record(std::move(row));
+    tell_callbacks();
     stop_if_asked();
     consult_listener();
   }
@@ -259,6 +264,7 @@ class reporter {
       }
     });
     if (record_error) std::rethrow_exception(record_error);
+    tell_callbacks();
     if (signal != 0) {  // this checkpoint is the preemption's: committed before stopping
       flush();
       throw preempted{signal, rows_.count()};
@@ -307,6 +313,17 @@ class reporter {
       throw cohort::error(std::string("committing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what());
     }
     checkpoints_.add(iteration, row, with_every(validate));
+    if (!callbacks_) return;
+    if (payload) committed_with_row_ = checkpoints_.path_of(iteration);  // sync: told after its row, as Ray
+    else callbacks_->checkpoint(callback_id_, checkpoints_.path_of(iteration));  // async: committed later
+  }
+
+  /// Rank 0 outside a tuner: the row just recorded, then the checkpoint committed with it, to the
+  /// run's callbacks (copies queued).
+  void tell_callbacks() {
+    if (!callbacks_) return;
+    if (rows_.is_open() && !rows_.history().empty()) callbacks_->trial_result(callback_id_, rows_.history().back());
+    if (!committed_with_row_.empty()) callbacks_->checkpoint(callback_id_, std::exchange(committed_with_row_, {}));
   }
 
   /// The report's own validation, then the one of every checkpoint; metrics merged in that order.
@@ -337,9 +354,12 @@ class reporter {
   lockstep& steps_;
   int rank_ = 0;
   std::filesystem::path run_path_;
+  std::string const callback_id_ = run_path_.filename().string();  ///< the run's name, as callbacks know it
   std::string staging_prefix_;  ///< unique per attempt: staging directories never collide
   checkpoint_mode mode_ = checkpoint_mode::sync;
   report_listener listener_;
+  report::callback_runner* callbacks_;
+  std::filesystem::path committed_with_row_;  ///< rank 0, sync mode: told after the report's row
   validate_fn validate_every_;
   checkpointing::retained checkpoints_;  ///< rank 0: retained, oldest first
   /// The rank's one background thread for reports: progress lines and async checkpoint writes,

@@ -18,6 +18,7 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -44,6 +45,7 @@
 #include "cohort/detail/shared_storage.hpp"
 #include "cohort/detail/utc_stamp.hpp"
 #include "cohort/environment.hpp"
+#include "cohort/report/callbacks.hpp"
 #include "cohort/result.hpp"
 #include "cohort/run_config.hpp"
 
@@ -57,17 +59,32 @@ namespace cohort {
 namespace detail {
 
 template <class P>
-inline constexpr int policy_axes = int(scaling_policy<P>) + int(sharding_policy<P>) + int(checkpointing_policy<P>);
+inline constexpr int policy_axes =
+    int(scaling_policy<P>) + int(sharding_policy<P>) + int(checkpointing_policy<P>) + int(cohort::callback<P>);
 
 /// Instantiated once per policy argument so that the error names the offending type.
 template <class P>
 struct check_policy {
   static_assert(policy_axes<P> >= 1 || std::is_same_v<P, cohort::datasets>,
                 "cohort::trainer: this argument is not a policy: it must satisfy cohort::scaling_policy, "
-                "cohort::sharding_policy or cohort::checkpointing_policy (see cohort/concepts.hpp)");
+                "cohort::sharding_policy or cohort::checkpointing_policy (see cohort/concepts.hpp), or "
+                "cohort::callback (cohort/report/callbacks.hpp)");
   static_assert(policy_axes<P> <= 1, "cohort::trainer: this policy satisfies more than one policy concept");
   static constexpr bool value = true;
 };
+
+/// Copies of the callbacks among `ps`, as a tuple.
+template <class... Ps>
+auto callbacks_of(std::tuple<Ps...> const& ps) {
+  return std::apply(
+      [](auto const&... p) {
+        return std::tuple_cat([](auto const& one) {
+          if constexpr (cohort::callback<std::decay_t<decltype(one)>>) return std::tuple(one);
+          else return std::tuple<>();
+        }(p)...);
+      },
+      ps);
+}
 
 /// How many of `Ps` satisfy `Is`.
 template <template <class> class Is, class... Ps>
@@ -312,17 +329,33 @@ class trainer {
     auto const run_path = std::filesystem::path(run.storage_path) / setup.name;
     out.path = run_path;
     detail::lockstep steps(std::move(comms.check));
+    // The run's callbacks, on rank 0, outside a tuner (whose callbacks see every trial).
+    std::unique_ptr<report::callback_runner> callbacks;
+    if (rank == 0 && !listener && !setup.error) callbacks = report::make_callback_runner(detail::callbacks_of(policies_));
+    report::experiment_info const info{.name = setup.name, .path = run_path, .world_size = comms.control.size()};
     detail::reporter reports(comms.control, steps,
                              {.rank = rank,
                               .run_path = run_path,
                               .mode = run.checkpoint_mode,
                               .listener = std::move(listener),
+                              .callbacks = callbacks.get(),
                               .retain = [policy = checkpointing()](std::span<cohort::checkpointing::record const> all) {
                                 return policy.retain(all);
                               },
                               .validate_every = std::move(validate_every)});
     auto opened = open_run(run, run_path, setup, reports, steps, comms.control);
     if (opened.error) return fail(std::move(out), *opened.error, rank);
+    if (callbacks) {
+      callbacks->experiment_start(info);
+      callbacks->trial_start({.id = setup.name, .config = nlohmann::json::parse(setup.text), .path = run_path},
+                             opened.resume.value("path", std::string{}));
+    }
+    auto tell_end = [&](std::optional<std::string> const& error) {
+      if (!callbacks) return;
+      if (error) callbacks->trial_error(setup.name, *error);
+      else callbacks->trial_complete(setup.name);
+      callbacks->finish(&info);
+    };
     auto placed = place(comms.control, run_path);
     if (placed.error) return fail(std::move(out), *placed.error, rank);
 
@@ -343,8 +376,10 @@ class trainer {
     if (ran.failure && !ran.preempted && !steps.broken()) tell_the_others(steps, *ran.failure, run.abort_timeout_ms, rank);
     if (auto e = complete(comms.control, reports, ran, run.abort_timeout_ms)) {
       out.preempted = ran.preempted;
+      tell_end(e);
       return fail(std::move(out), *e, rank);
     }
+    tell_end(std::nullopt);
     collect_results(out, comms.control, reports, ran);
     return out;
   }
