@@ -8,9 +8,14 @@
 //   scale/N      N trials of one report after 50 ms each: overhead_pct over N x 50 ms / ranks
 //   reproducible/on:R/tpe:S   40 trials of 6 uneven reports with tune_config::reproducible off
 //                (R = 0) or on (R = 1), random + ASHA (S = 0) or TPE + FIFO (S = 1): the cost of its waiting
+//   callbacks/C  one trainer run of 20,000 reports of 8 metrics, timed on rank 0's training thread:
+//                C = 0 no callback, 1 a callback that counts results, 2 report::mlflow (to
+//                $COHORT_BENCH_MLFLOW_URI, else to a closed port: it buffers every metric);
+//                us_per_report, the callbacks' cost being the difference from C = 0 (goal: <= 5 us)
 // Anchors (Ray Tune's docs, "Tune Scalability and Overhead Benchmarks"): 10,000 one-second trials
 // on 16 CPUs took 715 s against 625 s ideal, about 9 ms of overhead per trial; about 500-1,000
 // results/s. Goal here: <= 0.1 ms per trial and >= 100,000 results/s.
+#include <cohort/report/mlflow.hpp>
 #include <cohort/tuning/tuner.hpp>
 
 #include <unistd.h>
@@ -120,6 +125,35 @@ void scale(benchmark::State& state) {
 /// --guard: 3 experiments of 300 one-report trials, in /dev/shm where there is one (a disk's
 /// write-back would time the disk); the median of their wall times per trial must stay <= 1 ms
 /// (docs/benchmarks.md: about 0.1 ms on tmpfs).
+/// A callback that counts results (what any callback costs the training thread).
+struct counting {
+  std::shared_ptr<std::size_t> seen = std::make_shared<std::size_t>(0);
+  void on_trial_result(cohort::report::trial_info const&, nlohmann::json const&) { ++*seen; }
+};
+
+void callbacks(benchmark::State& state) {
+  auto const kind = state.range(0);
+  constexpr int reports = 20'000;
+  auto seconds = std::make_shared<double>(0);
+  auto fn = [seconds](cohort::context& ctx) {
+    auto const start = std::chrono::steady_clock::now();
+    for (int i = 1; i <= reports; ++i)
+      ctx.report({{"loss", 1.0 / i}, {"acc", 0.5}, {"lr", 0.1}, {"epoch", i / 100}, {"val", {{"loss", 0.2}, {"acc", 0.6}}}, {"step", i}, {"g", 1.5}});
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  char const* uri = std::getenv("COHORT_BENCH_MLFLOW_URI");
+  cohort::report::mlflow const tracker{.tracking_uri = uri ? uri : "http://127.0.0.1:9", .experiment_name = "cohort-bench", .end_timeout_s = uri ? 60.0 : 0.0};
+  cohort::run_config const run{.name = "callbacks_" + std::to_string(g_run++), .storage_path = g_dir.string(), .verbose = 0, .tensorboard = false};
+  for (auto _ : state) {
+    bool ok = kind == 0   ? cohort::trainer{fn}.fit(nlohmann::json::object(), run).ok()
+              : kind == 1 ? cohort::trainer{fn, counting{}}.fit(nlohmann::json::object(), run).ok()
+                          : cohort::trainer{fn, tracker}.fit(nlohmann::json::object(), run).ok();
+    if (!ok) cohort_bench::fail(state, "the callbacks run failed");
+    state.SetIterationTime(*seconds);
+    state.counters["us_per_report"] = *seconds * 1e6 / reports;
+  }
+}
+
 void guard_trials() {
   if (std::filesystem::is_directory("/dev/shm")) g_dir = std::filesystem::path("/dev/shm") / g_dir.filename();
   std::vector<double> ms;
@@ -161,6 +195,7 @@ int main(int argc, char** argv) {
       ->Iterations(1)
       ->UseManualTime()
       ->Unit(benchmark::kSecond);
+  benchmark::RegisterBenchmark("callbacks", callbacks)->Arg(0)->Arg(1)->Arg(2)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
   if (cohort_bench::guard) guard_trials();
   else cohort_bench::run_all();
   int rank = 0;

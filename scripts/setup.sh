@@ -12,7 +12,7 @@ libtorch=${COHORT_LIBTORCH:-pypi}
 
 packages=(build-essential cmake ninja-build ccache zlib1g-dev libopenmpi-dev openmpi-bin
           librange-v3-dev libxxhash-dev catch2 libbenchmark-dev nlohmann-json3-dev dataset-fashion-mnist
-          libarchive-dev libturbojpeg0-dev)
+          libarchive-dev libturbojpeg0-dev libcurl4-openssl-dev)
 # What the tests alone need (scripts/test sets it): the multi-host and Slurm tests' tools.
 packages+=(${extra_packages:-})
 case "$libtorch" in

@@ -265,8 +265,9 @@ void call_callback(C& c, callback_record const& e, trial_info const& t) {
 }  // namespace detail
 
 /// The runner for `callbacks` (moved into it), or none without callbacks. Each call is timed and
-/// guarded: the first exception of a callback, and its first call of slow_call or more, are said
-/// on stderr (one line each); it keeps getting events either way.
+/// guarded: the first exception of a callback, and its first call of slow_call or more (but
+/// on_experiment_end, where a tracker sends what it kept), are said on stderr (one line each);
+/// it keeps getting events either way.
 template <class... Callbacks>
 std::unique_ptr<callback_runner> make_callback_runner(std::tuple<Callbacks...> callbacks, callback_limits limits = {}) {
   if constexpr (sizeof...(Callbacks) == 0) {
@@ -295,7 +296,7 @@ std::unique_ptr<callback_runner> make_callback_runner(std::tuple<Callbacks...> c
           std::cerr << "[cohort] callback " << i << " threw in " << event_name(e.what) << ": " << error
                     << "; training goes on (its later errors are not reported)\n";
         auto const took = std::chrono::steady_clock::now() - start;
-        if (took >= slow && !std::exchange(s->said_slow[i], true))
+        if (took >= slow && e.what != callback_event::experiment_end && !std::exchange(s->said_slow[i], true))
           std::cerr << "[cohort] callback " << i << " took "
                     << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms in " << event_name(e.what)
                     << "; training goes on, events wait for it (at most " << queued << ", then dropped)\n";

@@ -1,0 +1,74 @@
+"""Reads back what cohort logged to an MLflow tracking server, through MLflow's own client.
+
+mlflow_read.py URI run NAME STEPS: the trainer run NAME; mlflow_read.py URI sweep NAME STEPS: the
+sweep NAME (a parent run and 4 nested trial runs). Checks params, every metric step, the tags and
+the nesting; exits 1 with the first difference.
+"""
+import sys
+
+from mlflow.tracking import MlflowClient
+
+
+def fail(why):
+    print("FAIL:", why)
+    sys.exit(1)
+
+
+def check_run(client, run, params, steps, world_size):
+    data = run.data
+    for key, value in params.items():
+        if data.params.get(key) != value:
+            fail(f"run {run.info.run_name}: param {key} = {data.params.get(key)!r}, expected {value!r}")
+    for metric in ("loss", "val/acc", "epoch"):
+        history = client.get_metric_history(run.info.run_id, metric)
+        got = sorted(m.step for m in history)
+        if got != list(range(1, steps + 1)):
+            fail(f"run {run.info.run_name}: metric {metric} at steps {got}, expected 1..{steps}")
+        epochs = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "epoch")}
+        if any(epochs[s] != s for s in epochs):
+            fail(f"run {run.info.run_name}: epoch values {epochs} differ from their steps")
+    for tag in ("host", "world_size", "cohort.checkpoint"):
+        if tag not in data.tags:
+            fail(f"run {run.info.run_name}: no tag {tag} (tags: {sorted(data.tags)})")
+    if data.tags["world_size"] != str(world_size):
+        fail(f"run {run.info.run_name}: world_size tag {data.tags['world_size']}, expected {world_size}")
+    last = (steps // 5) * 5
+    if not data.tags["cohort.checkpoint"].endswith(f"checkpoint_{last:06d}"):
+        fail(f"run {run.info.run_name}: cohort.checkpoint is {data.tags['cohort.checkpoint']}, expected checkpoint {last}")
+    if run.info.status != "FINISHED":
+        fail(f"run {run.info.run_name}: status {run.info.status}")
+
+
+def main():
+    uri, mode, name, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("cohort-tests")
+    if experiment is None:
+        fail("no experiment cohort-tests")
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    if mode == "run":
+        mine = [r for r in runs if r.info.run_name == name]
+        if len(mine) != 1:
+            fail(f"{len(mine)} runs named {name}, expected 1")
+        check_run(client, mine[0], {"lr": "0.1", "model/width": "64", "model/kind": "mlp"}, steps, 2)
+        print(f"ok: run {name}: params, {steps} steps of 3 metrics, tags")
+        return
+    parents = [r for r in runs if r.info.run_name == name]
+    if len(parents) != 1:
+        fail(f"{len(parents)} parent runs named {name}, expected 1")
+    parent = parents[0]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    if sorted(r.info.run_name for r in children) != [f"trial_{i:05d}" for i in range(4)]:
+        fail(f"nested runs {sorted(r.info.run_name for r in children)}, expected trial_00000..trial_00003")
+    lrs = set()
+    for child in children:
+        lrs.add(child.data.params.get("lr"))
+        check_run(client, child, {}, steps, 2)
+    if lrs != {"0.1", "0.2", "0.3", "0.4"}:
+        fail(f"the trials' lr params are {sorted(lrs)}, expected 0.1, 0.2, 0.3, 0.4")
+    if parent.info.status != "FINISHED":
+        fail(f"parent run status {parent.info.status}")
+    print(f"ok: sweep {name}: a parent run and 4 nested trial runs, params, {steps} steps each, tags")
+
+
+main()
