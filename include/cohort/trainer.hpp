@@ -453,7 +453,10 @@ class trainer {
       try {
         // The console starts the worker's thread if async did not: agreed on below.
         reports.rows().open(run_path, nlohmann::json::parse(setup.text), setup.name,
-                            {.console = run.verbose > 0, .tensorboard = run.tensorboard, .last_row_only = reports.under_tuner()});
+                            {.console = run.verbose > 0,
+                             .tensorboard = run.tensorboard,
+                             .last_row_only = reports.under_tuner(),
+                             .hparams = reports.under_tuner()});
         bool const fresh = reports.rows().directory().fresh() && run.resume_from_checkpoint.empty();  // a new run directory
         if (!fresh) resume_text = cohort::checkpointing::resume_point(run_path, run.resume_from_checkpoint, reports.checkpoints()).dump();
       } catch (std::exception const& e) {

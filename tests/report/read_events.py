@@ -5,8 +5,10 @@ metric of every result.json row (nested keys joined with "/", bools as 0/1; not
 training_iteration, the step, nor timestamp, the wall time) must be a scalar with the same value
 (float32) at that row's training_iteration, and nothing else may be there. A row whose step is
 not above the previous row's begins a resumed attempt, whose rows replace the earlier ones from
-that step on (as the attempt's SessionLog START does in TensorBoard). Prints one line per
-directory; exits 1 on the first difference.
+that step on (as the attempt's SessionLog START does in TensorBoard). A tuner's trial directory
+(trial_NNNNN) must also hold an HParams session (TensorBoard's HParams tab), parsed by the hparams
+plugin's own reader, whose hyperparameters are params.json's (nested keys joined with "/"); other
+run directories must hold none. Prints one line per directory; exits 1 on the first difference.
 """
 import json
 import math
@@ -14,6 +16,7 @@ import os
 import sys
 
 from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.plugins.hparams import metadata as hparams_metadata
 
 
 def flatten(row, prefix=""):
@@ -80,7 +83,34 @@ def check(run_dir):
             if not math.isclose(value, expected, rel_tol=1e-6, abs_tol=1e-30):
                 fail(f"{run_dir}: {tag} at step {step} is {value}, result.json has {expected}")
     steps = len(as_shown(rows))
-    print(f"ok: {run_dir}: {len(files)} events file(s), {len(want)} scalars at {steps} steps, as in result.json")
+    sessions = check_hparams(run_dir, acc)
+    print(f"ok: {run_dir}: {len(files)} events file(s), {len(want)} scalars at {steps} steps, as in result.json"
+          + (f"; an HParams session of {sessions} hyperparameters" if sessions is not None else ""))
+
+
+def check_hparams(run_dir, acc):
+    """The HParams session of a trial directory, read by the hparams plugin: params.json's values."""
+    content = acc.PluginTagToContent(hparams_metadata.PLUGIN_NAME)
+    trial = os.path.basename(os.path.normpath(run_dir)).startswith("trial_")
+    if not trial:
+        if content:
+            fail(f"{run_dir}: HParams data {sorted(content)} in a directory that is not a trial")
+        return None
+    if hparams_metadata.SESSION_START_INFO_TAG not in content:
+        fail(f"{run_dir}: no HParams session start (tags: {sorted(content)})")
+    info = hparams_metadata.parse_session_start_info_plugin_data(content[hparams_metadata.SESSION_START_INFO_TAG])
+    got = {}
+    for key, value in info.hparams.items():
+        kind = value.WhichOneof("kind")
+        got[key] = getattr(value, kind)
+    with open(os.path.join(run_dir, "params.json")) as f:
+        params = dict(flatten(json.load(f)))
+    want = {}
+    for key, value in params.items():
+        want[key] = value if isinstance(value, (bool, str)) else float(value) if isinstance(value, (int, float)) else json.dumps(value, separators=(",", ":"))
+    if got != want:
+        fail(f"{run_dir}: HParams session {got}, params.json {want}")
+    return len(got)
 
 
 if __name__ == "__main__":

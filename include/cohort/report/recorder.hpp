@@ -30,6 +30,7 @@ struct recorder_options {
   bool console = false;        ///< a progress line per report (run_config::verbose > 0)
   bool tensorboard = false;    ///< a TensorBoard events file (run_config::tensorboard)
   bool last_row_only = false;  ///< keep only the last row in history() (a tuner keeps the history)
+  bool hparams = false;        ///< the events file begins with an HParams session of `params` (a tuner's trial)
 };
 
 /// The rows of one fit()'s reports on one rank; see the file comment. Not thread-safe: the
@@ -62,8 +63,10 @@ class recorder {
     name_ = std::move(name);
     last_row_only_ = options.last_row_only;
     dir_.emplace(path, params);
-    if (options.tensorboard)  // no I/O until the first events
+    if (options.tensorboard) {  // no I/O until the first events
       events_.emplace(path, dir_->fresh() ? directory_age::just_created : directory_age::existing);
+      if (options.hparams) events_->set_preamble(tfrecord(hparams_session_start_event(wall_time_now_s(), params)));
+    }
     if (options.console) console_.emplace(worker_);  // starts the worker's thread
   }
 

@@ -322,6 +322,61 @@ inline std::string session_start_event(double wall_time_s, std::int64_t step) {
   return event;
 }
 
+/// Pure: an `Event` holding the HParams plugin's session start (TensorBoard's HParams tab: one
+/// session per trial, its hyperparameters beside its final metrics): a `Summary.Value` tagged
+/// `_hparams_/session_start_info` whose metadata names the plugin "hparams" and carries an
+/// `HParamsPluginData` (version 0) with `session_start_info` (field 3): `hparams` (field 1, a map
+/// of google.protobuf.Value: numbers as number_value, bools as bool_value, anything else as its
+/// text in string_value; `config` flattened with '/', as flatten() does) and start_time_secs
+/// (field 5); its value is an empty float tensor, as tensorboard's hparams summary writes it.
+inline std::string hparams_session_start_event(double wall_time_s, nlohmann::json const& config) {
+  std::string hparams;
+  auto add = [&](std::string const& key, nlohmann::json const& v) {
+    std::string value;  // google.protobuf.Value
+    if (v.is_boolean()) {
+      value += static_cast<char>(4u << 3);
+      value += static_cast<char>(v.get<bool>() ? 1 : 0);
+    } else if (v.is_number()) {
+      value += static_cast<char>((2u << 3) | 1u);
+      detail::put_double(value, v.get<double>());
+    } else {
+      detail::put_bytes_field(value, 3, v.is_string() ? v.get<std::string>() : v.dump());
+    }
+    std::string entry;
+    detail::put_bytes_field(entry, 1, key);
+    detail::put_bytes_field(entry, 2, value);
+    detail::put_bytes_field(hparams, 1, entry);
+  };
+  auto walk = [&](auto& self, nlohmann::json const& j, std::string const& prefix) -> void {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      auto const key = prefix.empty() ? it.key() : prefix + "/" + it.key();
+      if (it.value().is_object() && !it.value().empty()) self(self, it.value(), key);
+      else add(key, it.value());
+    }
+  };
+  if (config.is_object()) walk(walk, config, "");
+  hparams += static_cast<char>((5u << 3) | 1u);  // start_time_secs
+  detail::put_double(hparams, wall_time_s);
+  std::string plugin_data;  // HParamsPluginData
+  detail::put_bytes_field(plugin_data, 3, hparams);
+  std::string plugin;  // SummaryMetadata.PluginData
+  detail::put_bytes_field(plugin, 1, "hparams");
+  detail::put_bytes_field(plugin, 2, plugin_data);
+  std::string metadata;
+  detail::put_bytes_field(metadata, 1, plugin);
+  std::string value;  // Summary.Value
+  detail::put_bytes_field(value, 1, "_hparams_/session_start_info");
+  detail::put_bytes_field(value, 8, std::string_view("\x08\x01\x12\x02\x12\x00", 6));  // DT_FLOAT, shape [0]
+  detail::put_bytes_field(value, 9, metadata);
+  std::string summary;
+  detail::put_bytes_field(summary, 1, value);
+  std::string event;
+  event += static_cast<char>((1u << 3) | 1u);
+  detail::put_double(event, wall_time_s);
+  detail::put_bytes_field(event, 5, summary);
+  return event;
+}
+
 /// Pure: the step of the first record in `records` (from append_unsealed_event), 0 if none.
 inline std::int64_t first_step(std::string_view records) {
   // The record's header (12 bytes), wall_time (tag and 8 bytes), then step's tag and varint.
@@ -382,9 +437,12 @@ class event_writer {
     if (fd_ >= 0) ::close(fd_);
   }
 
+  /// Events the file begins with after its SessionLog START (the HParams session of a trial).
+  void set_preamble(std::string events) { preamble_ = std::move(events); }
+
   /// Seals `records` (from append_unsealed_event) and appends them in one write(); the file is
-  /// created at the first call, beginning with its file_version event and a SessionLog START at
-  /// the first record's step (session_start_event). A failure prints one warning on stderr and
+  /// created at the first call, beginning with its file_version event, a SessionLog START at
+  /// the first record's step (session_start_event) and the preamble. A failure prints one warning on stderr and
   /// ends the writing of events; training goes on (result.json has every row).
   void write(std::string& records) {
     if (failed_ || records.empty()) return;
@@ -394,7 +452,7 @@ class event_writer {
     if (fd_ < 0) {
       if (!open()) return;
       double const now_s = wall_time_now_s();
-      first = tfrecord(file_version_event(now_s)) + tfrecord(session_start_event(now_s, first_step(records)));
+      first = tfrecord(file_version_event(now_s)) + tfrecord(session_start_event(now_s, first_step(records))) + preamble_;
       first.append(records);
       left = first;
     }
@@ -439,6 +497,7 @@ class event_writer {
   }
 
   std::filesystem::path dir_, path_;
+  std::string preamble_;  ///< sealed TFRecords
   int fd_ = -1;
   bool fresh_ = false;
   bool failed_ = false;
