@@ -74,6 +74,7 @@ struct decoded_event {
   std::string file_version;
   bool session_start = false;
   std::vector<std::pair<std::string, float>> values;
+  std::string hparams_tag;  ///< an HParams summary's tag (its metadata names the "hparams" plugin)
 };
 
 struct proto_reader {
@@ -130,13 +131,17 @@ decoded_event decode_event(std::string_view bytes) {
           auto const k = value.varint();
           if (k == ((1u << 3) | 2u)) {
             v.first = std::string(value.bytes());
+          } else if (k == ((8u << 3) | 2u)) {
+            (void)value.bytes();  // the empty tensor of a plugin's summary
+          } else if (k == ((9u << 3) | 2u)) {
+            if (value.bytes().find("hparams") != std::string_view::npos) e.hparams_tag = v.first;
           } else {
             REQUIRE(k == ((2u << 3) | 5u));
             auto const bits = static_cast<std::uint32_t>(value.fixed(4));
             std::memcpy(&v.second, &bits, sizeof bits);
           }
         }
-        e.values.push_back(v);
+        if (e.hparams_tag.empty()) e.values.push_back(v);
       }
     } else {
       FAIL("unexpected field key " << key);
@@ -155,18 +160,24 @@ std::vector<std::filesystem::path> events_files(std::filesystem::path const& dir
 
 // The scalar events of the files in `dir` as TensorBoard shows them: the files in name order,
 // each beginning with its file_version event and a SessionLog START at its first step, which
-// drops the events of earlier files at that step and later.
-std::vector<decoded_event> events_in(std::filesystem::path const& dir) {
+// drops the events of earlier files at that step and later; a tuner's trial's files then hold
+// its HParams session (`hparams`: whether every file has one; no other file may).
+std::vector<decoded_event> events_in(std::filesystem::path const& dir, bool hparams = false) {
   std::vector<decoded_event> out;
   for (auto const& f : events_files(dir)) {
     auto records = records_of(slurp(f));
-    REQUIRE(records.size() >= 3);
+    std::size_t const first = hparams ? 3 : 2;
+    REQUIRE(records.size() >= first + 1);
     CHECK(decode_event(records[0]).file_version == "brain.Event:2");
     auto const start = decode_event(records[1]);
     CHECK(start.session_start);
-    CHECK(start.step == decode_event(records[2]).step);
+    if (hparams) CHECK(decode_event(records[2]).hparams_tag == "_hparams_/session_start_info");
+    CHECK(start.step == decode_event(records[first]).step);
     std::erase_if(out, [&](decoded_event const& e) { return e.step >= start.step; });
-    for (std::size_t i = 2; i < records.size(); ++i) out.push_back(decode_event(records[i]));
+    for (std::size_t i = first; i < records.size(); ++i) {
+      out.push_back(decode_event(records[i]));
+      CHECK(out.back().hparams_tag.empty());
+    }
   }
   return out;
 }
@@ -458,7 +469,7 @@ TEST_CASE("every trial directory of a sweep gets its events file", "[report][ten
   for (auto const& t : grid.trials) {
     auto const dir = t.path;
     REQUIRE(events_files(dir).size() == 1);
-    auto const events = events_in(dir);
+    auto const events = events_in(dir, true);  // a trial's file holds its HParams session
     REQUIRE(events.size() == 3);
     double const x = t.config.at("x").get<double>();
     for (std::size_t i = 0; i < 3; ++i) {
