@@ -1,5 +1,4 @@
 #include <cohort/trainer.hpp>
-#include <cohort/report/callbacks.hpp>
 
 #include <fstream>
 #include <functional>
@@ -8,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "callback_log.hpp"
 #include "catch.hpp"
 #include "support.hpp"
 
@@ -387,34 +387,11 @@ TEST_CASE("a directory checkpoint that reads other than it is, or is the run's o
   CHECK_THAT(*directory_checkpoint_problem(run / "ok", run, false), contains_text("has a manifest.json at its top"));
 }
 
-namespace {
-
-/// A callback that logs each event of a run, in a log its copies share.
-struct run_log {
-  std::shared_ptr<std::vector<std::string>> log = std::make_shared<std::vector<std::string>>();
-  void on_experiment_start(cohort::report::experiment_info const& e) { log->push_back("start " + e.name); }
-  void on_trial_start(cohort::report::trial_info const& t) { log->push_back("trial " + t.id + " " + t.config.dump()); }
-  void on_trial_restore(cohort::report::trial_info const& t, std::filesystem::path const& c) {
-    log->push_back("restore " + t.id + " " + c.filename().string());
-  }
-  void on_trial_result(cohort::report::trial_info const&, nlohmann::json const& r) {
-    log->push_back("result " + r.at("training_iteration").dump());
-  }
-  void on_checkpoint(cohort::report::trial_info const&, std::filesystem::path const& c) {
-    log->push_back("checkpoint " + c.filename().string());
-  }
-  void on_trial_complete(cohort::report::trial_info const& t) { log->push_back("complete " + t.id); }
-  void on_trial_error(cohort::report::trial_info const& t, std::string const& e) { log->push_back("error " + t.id + ": " + e); }
-  void on_experiment_end(cohort::report::experiment_info const& e) { log->push_back("end " + e.name); }
-};
-
-}  // namespace
-
 TEST_CASE("a trainer's callbacks: the run's start or restore, each row, each checkpoint, its end, on rank 0", "[trainer][mpi]") {
   // Catches: callbacks called on every rank, checkpoints not told, a resumed run told as new,
   // a failed run told as complete.
   auto storage = cohort_test::scratch("fit_callbacks");
-  run_log events;
+  cohort_test::event_log events;
   auto fn = [](cohort::context& ctx, nlohmann::json const& cfg) {
     int const start = static_cast<int>(ctx.checkpoint() ? ctx.checkpoint()->metadata().at("training_iteration").get<std::int64_t>() : 0);
     for (int i = start + 1; i <= 3; ++i) {
@@ -433,14 +410,14 @@ TEST_CASE("a trainer's callbacks: the run's start or restore, each row, each che
     CHECK(events.log->empty());
     return;
   }
-  std::vector<std::string> expected = {"start run", "trial run {\"fail_at\":3}", "result 1", "result 2", "checkpoint checkpoint_000002",
-                                       "result 3"};
+  std::vector<std::string> expected = {"start run",    "trial run {\"fail_at\":3}", "result run 1", "result run 2",
+                                       "checkpoint run checkpoint_000002", "result run 3"};
   auto const& log = *events.log;
   REQUIRE(log.size() == expected.size() + 2 + 5);
   CHECK(std::vector<std::string>(log.begin(), log.begin() + 6) == expected);
-  CHECK_THAT(log[6], contains_text("error run: "));
+  CHECK_THAT(log[6], contains_text("error run: "));  // and why
   CHECK_THAT(log[6], contains_text("failed at 3"));
   CHECK(log[7] == "end run");
   CHECK(std::vector<std::string>(log.begin() + 8, log.end()) ==
-        std::vector<std::string>{"start run", "restore run checkpoint_000002", "result 3", "complete run", "end run"});
+        std::vector<std::string>{"start run", "restore run checkpoint_000002", "result run 3", "complete run", "end run"});
 }

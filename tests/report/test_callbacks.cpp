@@ -7,29 +7,11 @@
 #include <thread>
 #include <vector>
 
+#include "../callback_log.hpp"
 #include "../catch.hpp"
 #include "../support.hpp"
 
 namespace {
-
-/// Records every event it is told as "event trial", in a log shared by its copies.
-struct recorder {
-  std::shared_ptr<std::vector<std::string>> log = std::make_shared<std::vector<std::string>>();
-  void on_experiment_start(cohort::report::experiment_info const& e) { log->push_back("start " + e.name); }
-  void on_trial_start(cohort::report::trial_info const& t) { log->push_back("trial " + t.id + " " + t.config.dump()); }
-  void on_trial_restore(cohort::report::trial_info const& t, std::filesystem::path const& c) {
-    log->push_back("restore " + t.id + " " + c.filename().string());
-  }
-  void on_trial_result(cohort::report::trial_info const& t, nlohmann::json const& r) {
-    log->push_back("result " + t.id + " " + r.at("loss").dump());
-  }
-  void on_checkpoint(cohort::report::trial_info const& t, std::filesystem::path const& c) {
-    log->push_back("checkpoint " + t.id + " " + c.filename().string());
-  }
-  void on_trial_complete(cohort::report::trial_info const& t) { log->push_back("complete " + t.id); }
-  void on_trial_error(cohort::report::trial_info const& t, std::string const& e) { log->push_back("error " + t.id + " " + e); }
-  void on_experiment_end(cohort::report::experiment_info const& e) { log->push_back("end " + e.name); }
-};
 
 /// Only results; throws on each.
 struct thrower {
@@ -51,7 +33,7 @@ struct blocker {
 }  // namespace
 
 TEST_CASE("callbacks: the concept takes any type with one of Ray's events, and nothing else", "[report][pure]") {
-  STATIC_REQUIRE(cohort::callback<recorder>);
+  STATIC_REQUIRE(cohort::callback<cohort_test::event_log>);
   STATIC_REQUIRE(cohort::callback<thrower>);
   STATIC_REQUIRE(!cohort::callback<int>);
   struct unrelated {
@@ -63,7 +45,7 @@ TEST_CASE("callbacks: the concept takes any type with one of Ray's events, and n
 TEST_CASE("callbacks: every event reaches each callback in order, on the runner's thread", "[report][pure]") {
   // Catches: events lost or reordered, a restore told as a plain start, a result told without
   // its trial's config, the end told before the last result.
-  recorder r;
+  cohort_test::event_log r;
   thrower t;
   cohort_test::capture_stderr err;
   {
@@ -73,16 +55,16 @@ TEST_CASE("callbacks: every event reaches each callback in order, on the runner'
     runner->experiment_start(info);
     runner->trial_start({.id = "t0", .config = {{"lr", 0.1}}});
     runner->trial_start({.id = "t1", .config = {{"lr", 0.2}}}, "/x/checkpoint_000002");
-    runner->trial_result("t0", {{"loss", 1}});
+    runner->trial_result("t0", {{"training_iteration", 1}});
     runner->checkpoint("t0", "/x/t0/checkpoint_000001");
-    runner->trial_result("t1", {{"loss", 2}});
+    runner->trial_result("t1", {{"training_iteration", 2}});
     runner->trial_error("t1", "boom");
     runner->trial_complete("t0");
     runner->finish(&info);
     CHECK(runner->dropped() == 0);
   }
   CHECK(*r.log == std::vector<std::string>{"start exp", "trial t0 {\"lr\":0.1}", "restore t1 checkpoint_000002", "result t0 1",
-                                           "checkpoint t0 checkpoint_000001", "result t1 2", "error t1 boom", "complete t0",
+                                           "checkpoint t0 checkpoint_000001", "result t1 2", "error t1: boom", "complete t0",
                                            "end exp"});
   CHECK(*t.calls == 2);  // a callback that throws keeps getting events, and is said once
   auto const said = err.text();

@@ -207,6 +207,42 @@ TEST_CASE("the HTML report: the trials table, one plot per metric with a line pe
   CHECK(thinned.find("inf") == std::string::npos);
 }
 
+TEST_CASE("report.html marks the best trial, draws the configs against the metric, and leaves counters out of the plots", "[report][pure]") {
+  // Catches: no best trial (or the wrong direction), a parallel-coordinates view without the
+  // metric's axis or with a constant hyperparameter's, counters (epoch) plotted, the tuned
+  // metric not first.
+  using cohort::report::trial_row;
+  std::vector<trial_row> trials{
+      {"trial_00000", "TERMINATED", {{"lr", 0.1}, {"opt", "sgd"}, {"seed", 1}}, {{"acc", 0.7}, {"training_iteration", 2}}, "", "", 0},
+      {"trial_00001", "TERMINATED", {{"lr", 0.3}, {"opt", "adam"}, {"seed", 1}}, {{"acc", 0.9}, {"training_iteration", 2}}, "", "", 0},
+      {"trial_00002", "TERMINATED", {{"lr", 0.2}, {"opt", "sgd"}, {"seed", 1}}, {{"acc", 0.8}, {"training_iteration", 2}}, "", "", 0}};
+  auto row = [](int i, double acc, double loss) {
+    return nlohmann::json{{"acc", acc}, {"loss", loss}, {"epoch", i - 1}, {"training_iteration", i}};
+  };
+  std::vector<std::vector<nlohmann::json>> histories{{row(1, 0.5, 2), row(2, 0.7, 1)}, {row(1, 0.6, 2), row(2, 0.9, 1)}, {row(1, 0.6, 2), row(2, 0.8, 1.5)}};
+  auto const max = cohort::report::experiment_html(trials, histories, {.metric = "acc", .mode = cohort::max});
+  CHECK_THAT(max, contains_text("Best trial: <b>trial_00001</b> with acc = 0.9 (max)"));
+  CHECK(count_of(max, "<tr class=\"best\">") == 1);
+  CHECK_THAT(max, contains_text("trial_00001 (best)"));
+  auto const parallel = max.substr(max.find("aria-label=\"parallel coordinates\""));
+  auto const view = parallel.substr(0, parallel.find("</svg>"));
+  CHECK(count_of(view, "<polyline") == 3);
+  CHECK(count_of(view, "<line ") == 3);  // lr, opt and acc; seed is the same everywhere
+  CHECK_THAT(view, contains_text(">opt</text>"));
+  CHECK_THAT(view, contains_text(">adam</text>"));
+  CHECK(view.find(">seed</text>") == std::string::npos);
+  CHECK_THAT(view, contains_text("stroke-width=\"3.5\" stroke=\"#ff7f0e\""));  // the best, trial 1, drawn wider
+  CHECK(count_of(max, "<svg") == 3);  // the view, acc, loss; not epoch (a counter)
+  CHECK(max.find("aria-label=\"epoch\"") == std::string::npos);
+  CHECK(max.find("aria-label=\"acc\"") < max.find("aria-label=\"loss\""));
+  auto const min = cohort::report::experiment_html(trials, histories, {.metric = "acc", .mode = cohort::min});
+  CHECK_THAT(min, contains_text("Best trial: <b>trial_00000</b> with acc = 0.7 (min)"));
+  auto const by_loss = cohort::report::experiment_html(trials, histories, {.metric = "loss", .mode = cohort::min});
+  CHECK(by_loss.find("aria-label=\"loss\"") < by_loss.find("aria-label=\"acc\""));  // the tuned metric first
+  CHECK(by_loss.find("Best trial") == std::string::npos);  // no trial's last result holds loss
+  CHECK(by_loss.find("parallel coordinates") == std::string::npos);
+}
+
 TEST_CASE("the current best trial is the first with the best last value of the metric, as Ray's CLIReporter picks it", "[report][pure]") {
   // Catches: the wrong direction, the best over history instead of the last result (Ray's
   // choice), a trial without the metric (or NaN there) taken as the best, a nested metric missed.

@@ -1,6 +1,5 @@
 // The tuner inside the MPI job, at every rank count of the core tests: trials split across groups
 // of ranks_per_trial, schedulers and stoppers acting on the results, the experiment's files.
-#include <cohort/report/callbacks.hpp>
 #include <cohort/tuning/tuner.hpp>
 
 #include <cohort/scaling/cuda.hpp>
@@ -15,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "../callback_log.hpp"
 #include "../catch.hpp"
 #include "../support.hpp"
 
@@ -102,9 +102,13 @@ TEST_CASE("a grid search runs every trial once, spread over the groups", "[tunin
       for (auto at = page.find(what); at != std::string::npos; at = page.find(what, at + 1)) ++n;
       return n;
     };
-    CHECK(count("<tr>") == 19);  // report.html: the header and a row per trial, the 18th in the 8th colour
+    CHECK(count("<tr") == 19);  // report.html: the header and a row per trial, the 18th in the 8th colour
+    CHECK(count("<tr class=\"best\">") == 1);
     CHECK(page.find("background:#7f7f7f\"></span>trial_00017</td>") != std::string::npos);
-    CHECK(count("<svg") == 5);  // score, rank, group_size, start, now (gpu is text)
+    // The configs against score, then score, start, now (rank and group_size: integers that never
+    // decrease, left out as counters; gpu is text).
+    CHECK(count("<svg") == 4);
+    CHECK(page.find("aria-label=\"parallel coordinates\"") != std::string::npos);
     CHECK(page.find("aria-label=\"score\"") != std::string::npos);
     CHECK(std::filesystem::exists(exp / "experiment_state.json"));
     CHECK(lines_of(exp / "trial_00017" / "result.json") == 3);
@@ -508,28 +512,7 @@ TEST_CASE("restore options: ERROR trials kept, resumed from their checkpoint or 
 
 namespace {
 
-/// A callback that logs each event as "event trial detail", in a log its copies share.
-struct event_log {
-  std::shared_ptr<std::vector<std::string>> log = std::make_shared<std::vector<std::string>>();
-  void on_experiment_start(cohort::report::experiment_info const& e) {
-    log->push_back("start " + e.name + (e.tuning ? " tuning" : ""));
-  }
-  void on_trial_start(cohort::report::trial_info const& t) { log->push_back("trial " + t.id + " x=" + t.config.at("x").dump()); }
-  void on_trial_restore(cohort::report::trial_info const& t, std::filesystem::path const& c) {
-    log->push_back("restore " + t.id + " " + c.filename().string());
-  }
-  void on_trial_result(cohort::report::trial_info const& t, nlohmann::json const& r) {
-    log->push_back("result " + t.id + " " + r.at("training_iteration").dump());
-  }
-  void on_checkpoint(cohort::report::trial_info const& t, std::filesystem::path const& c) {
-    log->push_back("checkpoint " + t.id + " " + c.filename().string());
-  }
-  void on_trial_complete(cohort::report::trial_info const& t) { log->push_back("complete " + t.id); }
-  void on_trial_error(cohort::report::trial_info const& t, std::string const&) { log->push_back("error " + t.id); }
-  void on_experiment_end(cohort::report::experiment_info const& e) { log->push_back("end " + e.name); }
-};
-
-/// The events of `trial` in `log`, in order ("result trial_00001 3" -> "result 3").
+/// The events of `trial` in `log` (cohort_test::event_log), in order ("result trial_00001 3" -> "result 3").
 std::vector<std::string> events_of(std::vector<std::string> const& log, std::string const& trial) {
   std::vector<std::string> out;
   for (auto const& line : log) {
@@ -547,7 +530,7 @@ TEST_CASE("callbacks under the tuner: every trial's start, results, checkpoints,
   auto const storage = cohort_test::scratch("tune_callbacks");
   auto const attempts = storage / "attempts";
   std::filesystem::create_directories(attempts);
-  event_log events;
+  cohort_test::event_log events;
   cohort::tuner tuner{flaky{attempts, 2}, events, cohort::tune_config{.metric = "score", .status_interval_s = 1e9, .max_failures = 1}};
   auto grid = tuner.fit(cohort::space{{"x", cohort::grid_search({1, 2, 3})}},
                         {.name = "callbacks", .storage_path = storage.string(), .verbose = 0, .abort_timeout_ms = 5000});
@@ -559,19 +542,22 @@ TEST_CASE("callbacks under the tuner: every trial's start, results, checkpoints,
   }
   auto const& log = *events.log;
   REQUIRE(log.size() > 2);
-  CHECK(log.front() == "start callbacks tuning");
+  CHECK(log.front() == "start callbacks (tuning)");
   CHECK(log.back() == "end callbacks");
-  std::vector<std::string> const clean = {"trial x=1", "result 1", "result 2", "checkpoint checkpoint_000002", "result 3",
+  std::vector<std::string> const clean = {"trial {\"x\":1}", "result 1", "result 2", "checkpoint checkpoint_000002", "result 3",
                                           "result 4", "checkpoint checkpoint_000004", "result 5", "complete"};
   CHECK(events_of(log, "trial_00000") == clean);
   auto three = clean;
-  three[0] = "trial x=3";
+  three[0] = "trial {\"x\":3}";
   CHECK(events_of(log, "trial_00002") == three);
   // x = 2 throws after its third result, goes on from checkpoint 2, throws again after its fifth.
-  CHECK(events_of(log, "trial_00001") ==
-        std::vector<std::string>{"trial x=2", "result 1", "result 2", "checkpoint checkpoint_000002", "result 3",
-                                 "restore checkpoint_000002", "result 3", "result 4", "checkpoint checkpoint_000004", "result 5",
-                                 "error"});
+  auto failed = events_of(log, "trial_00001");
+  REQUIRE(!failed.empty());
+  CHECK_THAT(failed.back(), contains_text("error: flaky failure 2"));
+  failed.pop_back();
+  CHECK(failed == std::vector<std::string>{"trial {\"x\":2}", "result 1", "result 2", "checkpoint checkpoint_000002", "result 3",
+                                           "restore checkpoint_000002", "result 3", "result 4", "checkpoint checkpoint_000004",
+                                           "result 5"});
 }
 
 namespace {
@@ -598,6 +584,35 @@ std::string stable_trials_csv(std::filesystem::path const& dir) {
   return out;
 }
 
+/// Runs `trainable` under `policies` with tune_config::reproducible (lag 3) over x, y in [0, 1],
+/// at every divisor of the world size as ranks_per_trial (4 ranks: 4, 2 and 1 groups; experiment
+/// <name>_<ranks_per_trial> under `storage`), and checks that each gives the same trials.csv (times
+/// aside) and best config as the first. Returns the first trials.csv (rank 0; empty elsewhere).
+template <class Trainable, class... Policies>
+std::string same_at_every_group_count(std::filesystem::path const& storage, std::string const& name, std::size_t samples,
+                                      Trainable trainable, Policies... policies) {
+  cohort::space const space{{"x", cohort::uniform(0, 1)}, {"y", cohort::uniform(0, 1)}};
+  std::optional<std::pair<std::string, nlohmann::json>> first;
+  for (int per = world_size(); per >= 1; --per) {
+    if (world_size() % per != 0) continue;
+    auto const exp = name + "_" + std::to_string(per);
+    cohort::tuner tuner{trainable, policies...,
+                        cohort::tune_config{.metric = "loss", .mode = cohort::min, .num_samples = samples, .ranks_per_trial = per,
+                                            .status_interval_s = 1e9, .reproducible = true, .reproducible_lag = 3}};
+    auto grid = tuner.fit(space, {.name = exp, .storage_path = storage.string(), .verbose = 0});
+    REQUIRE(grid.ok());
+    std::pair got{world_rank() == 0 ? stable_trials_csv(storage / exp) : std::string{}, grid.best_result().config};
+    INFO(name << " with " << world_size() / per << " groups");
+    if (!first) {
+      first = got;
+      continue;
+    }
+    CHECK(got.first == first->first);
+    CHECK(got.second == first->second);
+  }
+  return first ? first->first : std::string{};
+}
+
 /// Six reports of loss = q(config) (1 + 1 / t), each after a wait that depends on the rank and the
 /// config, so that results arrive in another order at each group count.
 void uneven(cohort::context& ctx, nlohmann::json const& config) {
@@ -616,36 +631,13 @@ TEST_CASE("reproducible: the same seed gives the same trials.csv at every group 
   // TPE learning from whichever trials happened to end first. Groups: every divisor of the world
   // size as ranks_per_trial (4 ranks: 1, 2 and 4 groups).
   auto const storage = cohort_test::scratch("tune_reproducible");
-  cohort::space const space{{"x", cohort::uniform(0, 1)}, {"y", cohort::uniform(0, 1)}};
-  auto run = [&](std::string const& name, int per, auto... policies) {
-    cohort::tuner tuner{uneven, policies...,
-                        cohort::tune_config{.metric = "loss", .mode = cohort::min, .num_samples = 20, .ranks_per_trial = per,
-                                            .status_interval_s = 1e9, .reproducible = true, .reproducible_lag = 3}};
-    auto grid = tuner.fit(space, {.name = name + "_" + std::to_string(per), .storage_path = storage.string(), .verbose = 0});
-    REQUIRE(grid.ok());
-    return std::pair{world_rank() == 0 ? stable_trials_csv(storage / (name + "_" + std::to_string(per))) : std::string{},
-                     grid.best_result().config};
-  };
-  for (std::string const combo : {"asha", "tpe"}) {
-    std::optional<std::pair<std::string, nlohmann::json>> first;
-    for (int per = world_size(); per >= 1; --per) {
-      if (world_size() % per != 0) continue;
-      auto const got = combo == "asha" ? run(combo, per, cohort::search::random{.seed = 11},
-                                             cohort::schedule::asha{.max_t = 6, .grace_period = 1, .reduction_factor = 2})
-                                       : run(combo, per, cohort::search::tpe{.seed = 11, .n_startup_trials = 5});
-      INFO(combo << " with " << world_size() / per << " groups");
-      if (!first) {
-        first = got;
-        if (world_rank() == 0) CHECK(got.first.size() > 200);  // 20 trials listed
-        continue;
-      }
-      CHECK(got.first == first->first);
-      CHECK(got.second == first->second);
-    }
-  }
-  if (world_rank() == 0) {  // ASHA stopped some trials early: the comparison is of decisions, not only configs
-    auto const csv = stable_trials_csv(storage / ("asha_" + std::to_string(world_size())));
-    CHECK(csv.find(",1,") != std::string::npos);
+  auto const asha = same_at_every_group_count(storage, "asha", 20, uneven, cohort::search::random{.seed = 11},
+                                              cohort::schedule::asha{.max_t = 6, .grace_period = 1, .reduction_factor = 2});
+  auto const tpe = same_at_every_group_count(storage, "tpe", 20, uneven, cohort::search::tpe{.seed = 11, .n_startup_trials = 5});
+  if (world_rank() == 0) {
+    CHECK(asha.size() > 200);  // 20 trials listed
+    CHECK(tpe.size() > 200);
+    CHECK(asha.find(",1,") != std::string::npos);  // ASHA stopped some trials early: decisions compared, not only configs
   }
 }
 
@@ -681,48 +673,22 @@ TEST_CASE("reproducible: the same seed gives the same trials.csv at every group 
   // trials at different points, exploits decided in arrival order. Groups: every divisor of the
   // world size as ranks_per_trial.
   auto const storage = cohort_test::scratch("tune_reproducible_pausing");
-  cohort::space const space{{"x", cohort::uniform(0, 1)}, {"y", cohort::uniform(0, 1)}};
   using cohort::schedule::hyperband;
-  auto run = [&](std::string const& name, int per, std::size_t samples, auto... policies) {
-    cohort::tuner tuner{uneven_steps{}, policies...,
-                        cohort::tune_config{.metric = "loss", .mode = cohort::min, .num_samples = samples, .ranks_per_trial = per,
-                                            .status_interval_s = 1e9, .reproducible = true, .reproducible_lag = 3}};
-    auto grid = tuner.fit(space, {.name = name + "_" + std::to_string(per), .storage_path = storage.string(), .verbose = 0});
-    REQUIRE(grid.ok());
-    return std::pair{world_rank() == 0 ? stable_trials_csv(storage / (name + "_" + std::to_string(per))) : std::string{},
-                     grid.best_result().config};
-  };
-  for (std::string const combo : {"bohb", "pbt"}) {
-    std::optional<std::pair<std::string, nlohmann::json>> first;
-    for (int per = world_size(); per >= 1; --per) {
-      if (world_size() % per != 0) continue;
-      auto const got =
-          combo == "bohb"
-              ? run(combo, per, 30, cohort::search::bohb{.seed = 5, .min_points_in_model = 3},
-                    hyperband{.metric = "loss", .mode = cohort::min, .max_t = 9, .reduction_factor = 3,
-                              .schedule = hyperband::brackets_of::bohb})
-              : run(combo, per, 6, cohort::search::random{.seed = 5},
-                    cohort::schedule::pbt{.perturbation_interval = 2,
-                                          .hyperparam_mutations = {{"x", cohort::schedule::mutation::range{.low = 0, .high = 1}}},
-                                          .quantile_fraction = 0.34,
-                                          .seed = 5,
-                                          .synch = true});
-      INFO(combo << " with " << world_size() / per << " groups");
-      if (!first) {
-        first = got;
-        continue;
-      }
-      CHECK(got.first == first->first);
-      CHECK(got.second == first->second);
-    }
-  }
+  auto const bohb = same_at_every_group_count(storage, "bohb", 30, uneven_steps{}, cohort::search::bohb{.seed = 5, .min_points_in_model = 3},
+                                             hyperband{.metric = "loss", .mode = cohort::min, .max_t = 9, .reduction_factor = 3,
+                                                       .schedule = hyperband::brackets_of::bohb});
+  same_at_every_group_count(storage, "pbt", 6, uneven_steps{}, cohort::search::random{.seed = 5},
+                            cohort::schedule::pbt{.perturbation_interval = 2,
+                                                  .hyperparam_mutations = {{"x", cohort::schedule::mutation::range{.low = 0, .high = 1}}},
+                                                  .quantile_fraction = 0.34,
+                                                  .seed = 5,
+                                                  .synch = true});
   if (world_rank() == 0) {  // what was compared holds decisions: stops at milestones, exploits
-    auto const bohb = stable_trials_csv(storage / ("bohb_" + std::to_string(world_size())));
-    CHECK(std::count(bohb.begin(), bohb.end(), '\n') == 31);
+    CHECK(std::count(bohb.begin(), bohb.end(), '\n') == 31);  // 30 trials listed
     std::size_t exploits = 0;
     for (auto const& e : std::filesystem::recursive_directory_iterator(storage / ("pbt_" + std::to_string(world_size()))))
       exploits += e.path().filename().string().rfind("exploit_", 0) == 0 ? 1 : 0;
-    CHECK(exploits >= 3);  // two of six exploit at each of points 2, 4 and 6
+    CHECK(exploits >= 3);  // three of six exploit at each of points 2, 4 and 6
   }
 }
 

@@ -212,7 +212,7 @@ struct mlflow {
   double timeout_s = 5;                                ///< per request
   double send_interval_s = 0.2;                        ///< results are sent together this often
   double retry_interval_s = 1;                         ///< between tries while the server is away
-  double end_timeout_s = 30;                           ///< at the end, how long the last sends may keep trying
+  double end_timeout_s = 20;                           ///< at the end, how long the last sends may keep trying (less than the callbacks' drain_timeout)
 
   void on_experiment_start(experiment_info const& e) {
     state_.s = std::make_shared<detail::mlflow_session>();

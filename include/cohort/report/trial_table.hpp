@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -62,28 +64,32 @@ struct table_options {
   std::size_t max_rows = 20;                ///< trials shown; the rest summarised in one line
 };
 
-/// Ray's "Current best trial: <id> with <metric>=<value> and parameters=<config>": the first
-/// trial whose last result has the best `metric` (an "a/b" path into nested results) in the
-/// direction `mode`, as Ray's CLIReporter picks it. Empty when no trial has reported `metric`
-/// as a number, or `metric` is empty.
-inline std::string best_trial_line(std::vector<trial_row> const& trials, std::string const& metric, cohort::order mode) {
-  if (metric.empty()) return "";
-  trial_row const* best = nullptr;
-  double best_value = 0;
-  for (auto const& t : trials) {
-    auto last = detail::flat_map(t.last);
+/// The first trial whose last result has the best `metric` (an "a/b" path into nested results)
+/// in the direction `mode`, as Ray's CLIReporter picks it, and that value. Nothing when no trial
+/// has reported `metric` as a number (NaN never wins), or `metric` is empty. Pure.
+inline std::optional<std::pair<std::size_t, double>> best_trial(std::vector<trial_row> const& trials, std::string const& metric,
+                                                                cohort::order mode) {
+  if (metric.empty()) return std::nullopt;
+  std::optional<std::pair<std::size_t, double>> best;
+  for (std::size_t i = 0; i < trials.size(); ++i) {
+    auto last = detail::flat_map(trials[i].last);
     auto it = last.find(metric);
     if (it == last.end() || !it->second.is_number()) continue;
     double const v = it->second.get<double>();
     if (v != v) continue;  // NaN: never the best
-    if (!best || (mode == cohort::order::max ? v > best_value : v < best_value)) {
-      best = &t;
-      best_value = v;
-    }
+    if (!best || (mode == cohort::order::max ? v > best->second : v < best->second)) best = {i, v};
   }
+  return best;
+}
+
+/// Ray's "Current best trial: <id> with <metric>=<value> and parameters=<config>" (best_trial);
+/// empty when there is none.
+inline std::string best_trial_line(std::vector<trial_row> const& trials, std::string const& metric, cohort::order mode) {
+  auto const best = best_trial(trials, metric, mode);
   if (!best) return "";
-  return "Current best trial: " + best->id + " with " + metric + "=" + detail::cell(best_value) +
-         " and parameters=" + best->config.dump() + "\n";
+  auto const& t = trials[best->first];
+  return "Current best trial: " + t.id + " with " + metric + "=" + detail::cell(best->second) +
+         " and parameters=" + t.config.dump() + "\n";
 }
 
 /// The status table: a header line with trial counts by status, the scheduler's lines, the

@@ -240,7 +240,8 @@ class coordinator {
   void write_report() {
     try {
       report::write_file_atomic(exp_ / "report.html",
-                                report::experiment_html(book_.rows(), book_.histories(), {.title = exp_.filename().string()}));
+                                report::experiment_html(book_.rows(), book_.histories(),
+                                                         {.title = exp_.filename().string(), .metric = cfg_.metric, .mode = cfg_.mode}));
     } catch (std::exception const& e) {
       std::cerr << ("[cohort] warning: " + std::string(e.what()) + "\n") << std::flush;
     }
