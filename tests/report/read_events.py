@@ -90,7 +90,10 @@ def check(run_dir):
 
 def check_hparams(run_dir, acc):
     """The HParams session of a trial directory, read by the hparams plugin: params.json's values."""
-    content = acc.PluginTagToContent(hparams_metadata.PLUGIN_NAME)
+    try:
+        content = acc.PluginTagToContent(hparams_metadata.PLUGIN_NAME)
+    except KeyError:  # no summary of the plugin in this run
+        content = {}
     trial = os.path.basename(os.path.normpath(run_dir)).startswith("trial_")
     if not trial:
         if content:
