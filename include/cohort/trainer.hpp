@@ -73,18 +73,16 @@ struct check_policy {
   static constexpr bool value = true;
 };
 
-/// Copies of the callbacks among `ps`, as a tuple.
-template <class... Ps>
-auto callbacks_of(std::tuple<Ps...> const& ps) {
-  return std::apply(
-      [](auto const&... p) {
-        return std::tuple_cat([](auto const& one) {
-          if constexpr (cohort::callback<std::decay_t<decltype(one)>>) return std::tuple(one);
-          else return std::tuple<>();
-        }(p)...);
-      },
-      ps);
+/// Copies of those of `ps` whose type satisfies `Is`, as a tuple (a policy pack's stoppers, callbacks).
+template <template <class> class Is, class... Ps>
+auto those_matching(Ps const&... ps) {
+  return std::tuple_cat([](auto const& p) {
+    if constexpr (Is<std::decay_t<decltype(p)>>::value) return std::tuple(p);
+    else return std::tuple<>();
+  }(ps)...);
 }
+
+template <class P> struct is_callback : std::bool_constant<cohort::callback<P>> {};
 
 /// How many of `Ps` satisfy `Is`.
 template <template <class> class Is, class... Ps>
@@ -331,7 +329,8 @@ class trainer {
     detail::lockstep steps(std::move(comms.check));
     // The run's callbacks, on rank 0, outside a tuner (whose callbacks see every trial).
     std::unique_ptr<report::callback_runner> callbacks;
-    if (rank == 0 && !listener && !setup.error) callbacks = report::make_callback_runner(detail::callbacks_of(policies_));
+    if (rank == 0 && !listener && !setup.error) callbacks = report::make_callback_runner(
+          std::apply([](auto const&... p) { return detail::those_matching<detail::is_callback>(p...); }, policies_));
     report::experiment_info const info{.name = setup.name, .path = run_path, .world_size = comms.control.size()};
     detail::reporter reports(comms.control, steps,
                              {.rank = rank,

@@ -71,23 +71,7 @@ template <class P> struct is_searcher : std::bool_constant<cohort::searcher<P>> 
 template <class P> struct is_scheduler : std::bool_constant<cohort::scheduler<P>> {};
 template <class P> struct is_config : std::is_same<P, cohort::tune_config> {};
 
-/// The stoppers among `Ps`, as a tuple.
-template <class... Ps>
-auto stoppers_of(Ps const&... ps) {
-  return std::tuple_cat([](auto const& p) {
-    if constexpr (cohort::stopper<std::decay_t<decltype(p)>>) return std::tuple(p);
-    else return std::tuple<>();
-  }(ps)...);
-}
-
-/// The callbacks among `Ps`, as a tuple.
-template <class... Ps>
-auto callbacks_of(Ps const&... ps) {
-  return std::tuple_cat([](auto const& p) {
-    if constexpr (cohort::callback<std::decay_t<decltype(p)>>) return std::tuple(p);
-    else return std::tuple<>();
-  }(ps)...);
-}
+template <class P> struct is_stopper : std::bool_constant<cohort::stopper<P>> {};
 
 /// The trainer that runs each trial: the user's trainer, or one around a functor or class trainable.
 template <class Trainable>
@@ -121,15 +105,15 @@ class tuner {
  public:
   using searcher_type = typename cohort::detail::policy_or<tuning::detail::is_searcher, search::basic, Policies...>::type;
   using scheduler_type = typename cohort::detail::policy_or<tuning::detail::is_scheduler, schedule::fifo, Policies...>::type;
-  using stoppers_type = decltype(tuning::detail::stoppers_of(std::declval<Policies const&>()...));
-  using callbacks_type = decltype(tuning::detail::callbacks_of(std::declval<Policies const&>()...));
+  using stoppers_type = decltype(cohort::detail::those_matching<tuning::detail::is_stopper>(std::declval<Policies const&>()...));
+  using callbacks_type = decltype(cohort::detail::those_matching<cohort::detail::is_callback>(std::declval<Policies const&>()...));
 
   explicit tuner(Trainable trainable, Policies... policies)
       : config_(config_argument(policies...)),
         searcher_(policy_argument<searcher_type>(policies...)),
         scheduler_(policy_argument<scheduler_type>(policies...)),
-        stoppers_(tuning::detail::stoppers_of(policies...)),
-        callbacks_(tuning::detail::callbacks_of(policies...)),
+        stoppers_(cohort::detail::those_matching<tuning::detail::is_stopper>(policies...)),
+        callbacks_(cohort::detail::those_matching<cohort::detail::is_callback>(policies...)),
         trainer_(tuning::detail::make_trainer(std::move(trainable), config_)) {}
 
   tune_config const& config() const { return config_; }
