@@ -5,6 +5,10 @@
 //   local_backward/S    backward of sum(p) over the parameters, no sync
 //   cohort_backward/S   the same backward through ctx.prepare_model (hooks, buckets, all-reduce)
 // Sync cost = cohort_backward - local_backward; throughput ratio = raw_allreduce / sync cost.
+// And how comm::mpi averages a buffer (reduce_op::avg), for each size 1 KiB .. 4 MiB:
+//   avg_ring/S          comm::detail::ring_average (reduce-scatter + all-gather, division fused)
+//   avg_allreduce/S     MPI_Allreduce (in place) and a scaling pass
+// The second table is where comm::detail::ring_min_bytes_per_rank comes from.
 #include <cohort/cohort.hpp>
 
 #include <cstdio>
@@ -47,6 +51,33 @@ void raw_allreduce(benchmark::State& state) {
     });
   state.SetBytesProcessed(state.iterations() * state.range(0));
 }
+
+void avg_ring(benchmark::State& state) {
+  std::vector<float> buf(static_cast<std::size_t>(state.range(0) / 4), 1.0f);
+  std::vector<std::byte> scratch;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  cohort::comm::collective const what{"allreduce", "bench", 1, buf.size() * sizeof(float)};
+  for (auto _ : state)
+    cohort_bench::timed_iteration(state, [&] {
+      cohort::comm::detail::ring_average(buf.data(), buf.size(), MPI_COMM_WORLD, rank, size, scratch, what, 0);
+    });
+}
+
+void avg_allreduce(benchmark::State& state) {
+  std::vector<float> buf(static_cast<std::size_t>(state.range(0) / 4), 1.0f);
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  for (auto _ : state)
+    cohort_bench::timed_iteration(state, [&] {
+      MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      cohort::comm::detail::scale(buf.data(), buf.size(), 1.0f / static_cast<float>(size));
+    });
+}
+
+/// The largest buffer of the reduce_op::avg comparison (--smoke: 16 KiB).
+std::int64_t max_avg_bytes() { return cohort_bench::full_or_smoke(4ll << 20, 16ll << 10); }
 
 void backward(benchmark::State& state, bool through_cohort) {
   auto model = std::make_shared<blob>(state.range(0));
@@ -107,6 +138,13 @@ void register_all() {
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
   }
+  for (auto* fn : {&avg_ring, &avg_allreduce})
+    for (std::int64_t bytes = 1 << 10; bytes <= max_avg_bytes(); bytes *= 2)
+      benchmark::RegisterBenchmark(fn == &avg_ring ? "avg_ring" : "avg_allreduce", fn)
+          ->Arg(bytes)
+          ->Iterations(iterations_for(bytes))
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
 }
 
 }  // namespace
@@ -129,6 +167,15 @@ int main(int argc, char** argv) {
       double raw = t[key("raw_allreduce")], sync = t[key("cohort_backward")] - t[key("local_backward")];
       std::printf("| %lld | %.1f | %.1f | %.2f |\n", static_cast<long long>(bytes), raw * 1e6, sync * 1e6,
                   sync > 0 ? raw / sync : 0.0);
+    }
+    std::printf("\n| buffer bytes | per rank | ring_average (us) | MPI_Allreduce + scale (us) | ring / allreduce time |\n");
+    std::printf("|---:|---:|---:|---:|---:|\n");
+    for (std::int64_t bytes = 1 << 10; bytes <= max_avg_bytes(); bytes *= 2) {
+      auto key = [&](char const* n) { return std::string(n) + "/" + std::to_string(bytes) + "/iterations:" +
+                                              std::to_string(iterations_for(bytes)) + "/manual_time"; };
+      double ring = t[key("avg_ring")], all = t[key("avg_allreduce")];
+      std::printf("| %lld | %lld | %.1f | %.1f | %.2f |\n", static_cast<long long>(bytes),
+                  static_cast<long long>(bytes / ctx.world_size()), ring * 1e6, all * 1e6, all > 0 ? ring / all : 0.0);
     }
   }}.fit(nlohmann::json::object(), {.name = "", .storage_path = "/tmp/cohort_bench", .verbose = 0});
   return cohort_bench::exit_status(result);

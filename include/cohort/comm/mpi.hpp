@@ -1,252 +1,25 @@
 #pragma once
 /// \file
-/// comm::mpi: the communicator concept over an MPI communicator, for CPU buffers.
+/// comm::mpi: the communicator concept over an MPI communicator, for CPU buffers. Its parts:
+/// mpi_types.hpp (datatypes and operations), ring.hpp (the averaging ring), mpi_request.hpp.
 
 #include <mpi.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "cohort/comm/communicator.hpp"
 #include "cohort/comm/deadline.hpp"
+#include "cohort/comm/mpi_request.hpp"
+#include "cohort/comm/mpi_types.hpp"
+#include "cohort/comm/ring.hpp"
 #include "cohort/error.hpp"
 
 namespace cohort::comm {
-
-namespace detail {
-
-inline void check_mpi(int code, char const* what) {
-  if (code == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(code, text, &len);
-  throw cohort::error(std::string("MPI call ") + what + " failed: " + std::string(text, len));
-}
-
-/// The 16-bit floating types MPI has no type for (bfloat16, float16): sent as MPI_UINT16_T,
-/// reduced by the user operations of mpi_op_for in float32.
-template <class T>
-concept half_float = std::same_as<T, bfloat16> || std::same_as<T, float16>;
-
-template <class T>
-MPI_Datatype mpi_type() {
-  static_assert(reducible<T>, "mpi_type: not one of COHORT_REDUCIBLE_TYPES");
-  if constexpr (std::same_as<T, float>) return MPI_FLOAT;
-  else if constexpr (std::same_as<T, double>) return MPI_DOUBLE;
-  else if constexpr (half_float<T>) return MPI_UINT16_T;  // reduced by the user operations of mpi_op_for
-  else if constexpr (std::same_as<T, std::int32_t>) return MPI_INT32_T;
-  else if constexpr (std::same_as<T, std::int64_t>) return MPI_INT64_T;
-  else if constexpr (std::same_as<T, std::uint8_t>) return MPI_UINT8_T;
-  else {
-    static_assert(std::same_as<T, std::uint64_t>, "mpi_type: a type of COHORT_REDUCIBLE_TYPES without its MPI type");
-    return MPI_UINT64_T;
-  }
-}
-
-inline MPI_Op mpi_op(reduce_op op) {
-  switch (op) {
-    case reduce_op::max: return MPI_MAX;
-    case reduce_op::min: return MPI_MIN;
-    default: return MPI_SUM;
-  }
-}
-
-/// An MPI user operation on a half_float type: each pair added (or compared) in float32 and
-/// rounded back, as NCCL reduces bfloat16 and float16.
-template <half_float T, reduce_op Op>
-void half_float_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
-  auto const* a = static_cast<T const*>(in);
-  auto* b = static_cast<T*>(inout);
-  for (int i = 0; i < *len; ++i) {
-    float const x = a[i].to_float(), y = b[i].to_float();
-    float const r = Op == reduce_op::max ? std::max(x, y) : Op == reduce_op::min ? std::min(x, y) : x + y;
-    b[i] = T::from_float(r);
-  }
-}
-
-/// The MPI operation for `op` on elements of type T (created once per half_float type).
-template <class T>
-MPI_Op mpi_op_for(reduce_op op) {
-  if constexpr (half_float<T>) {
-    auto make = [](MPI_User_function* f) {
-      MPI_Op o = MPI_OP_NULL;
-      check_mpi(MPI_Op_create(f, 1, &o), "MPI_Op_create");
-      return o;
-    };
-    static MPI_Op const sum = make(&half_float_reduce<T, reduce_op::sum>);
-    static MPI_Op const max = make(&half_float_reduce<T, reduce_op::max>);
-    static MPI_Op const min = make(&half_float_reduce<T, reduce_op::min>);
-    return op == reduce_op::max ? max : op == reduce_op::min ? min : sum;
-  } else {
-    return mpi_op(op);
-  }
-}
-
-/// `data[i] *= factor`, rounded back to T.
-template <half_float T>
-void scale(T* data, std::size_t n, float factor) {
-  for (std::size_t i = 0; i < n; ++i) data[i] = T::from_float(data[i].to_float() * factor);
-}
-
-/// MPI counts are `int`; larger buffers go in chunks of this many elements.
-inline constexpr std::size_t max_chunk = static_cast<std::size_t>(INT_MAX) / 2;
-
-/// `dst[i] = (dst[i] + src[i]) * scale` when `scaled`, else `dst[i] += src[i]`. Restrict
-/// pointers and fixed-size blocks let GCC vectorise it at -O2 as well as -O3.
-template <class T>
-void accumulate(T* __restrict dst, T const* __restrict src, std::size_t n, T scale, bool scaled) {
-  constexpr std::size_t block = 64;
-  std::size_t i = 0;
-  if (scaled) {
-    for (; i + block <= n; i += block)
-      for (std::size_t j = 0; j < block; ++j) dst[i + j] = (dst[i + j] + src[i + j]) * scale;
-    for (; i < n; ++i) dst[i] = (dst[i] + src[i]) * scale;
-  } else {
-    for (; i + block <= n; i += block)
-      for (std::size_t j = 0; j < block; ++j) dst[i + j] += src[i + j];
-    for (; i < n; ++i) dst[i] += src[i];
-  }
-}
-
-/// `data[i] *= s`, vectorised like accumulate.
-template <class T>
-void scale(T* __restrict data, std::size_t n, T s) {
-  constexpr std::size_t block = 64;
-  std::size_t i = 0;
-  for (; i + block <= n; i += block)
-    for (std::size_t j = 0; j < block; ++j) data[i + j] *= s;
-  for (; i < n; ++i) data[i] *= s;
-}
-
-/// `ns` elements to `to` and `nr` elements from `from` (non-blocking, waited for with the
-/// deadline of `what`), in max_chunk pieces (the peer's counts mirror these, so both sides make the
-/// same number of calls).
-template <class T>
-void sendrecv(T const* send, std::size_t ns, int to, T* recv, std::size_t nr, int from, MPI_Comm comm,
-              collective const& what, int timeout_ms) {
-  constexpr int tag = 0x636f;  // "co": cohort's ring all-reduce
-  for (std::size_t off = 0; off < std::max(ns, nr); off += max_chunk) {
-    auto s = static_cast<int>(off < ns ? std::min(max_chunk, ns - off) : 0);
-    auto r = static_cast<int>(off < nr ? std::min(max_chunk, nr - off) : 0);
-    MPI_Request reqs[2];
-    check_mpi(MPI_Irecv(recv + off, r, mpi_type<T>(), from, tag, comm, &reqs[0]), "MPI_Irecv");
-    check_mpi(MPI_Isend(send + off, s, mpi_type<T>(), to, tag, comm, &reqs[1]), "MPI_Isend");
-    wait_all(reqs, 2, what, timeout_ms);
-  }
-}
-
-/// In-place average over `size` ranks with a ring (reduce-scatter, then all-gather: each rank
-/// sends and receives 2 (size-1)/size of the buffer, like NCCL's ring), the division fused into
-/// the last reduction step so no extra pass over the buffer is made. Every rank ends with
-/// bitwise the same values. `scratch` holds one segment; it only grows.
-template <class T>
-void ring_average(T* data, std::size_t count, MPI_Comm comm, int rank, int size, std::vector<std::byte>& scratch,
-                  collective const& what, int timeout_ms) {
-  auto const n = static_cast<std::size_t>(size);
-  auto begin = [&](int s) { return count / n * static_cast<std::size_t>(s) + std::min(count % n, static_cast<std::size_t>(s)); };
-  auto length = [&](int s) { return begin(s + 1) - begin(s); };
-  if (scratch.size() < length(0) * sizeof(T)) scratch.resize(length(0) * sizeof(T));
-  T* tmp = reinterpret_cast<T*>(scratch.data());
-  int const right = (rank + 1) % size, left = (rank + size - 1) % size;
-  T const factor = T(1) / static_cast<T>(size);
-  for (int k = 0; k + 1 < size; ++k) {
-    int const out = (rank - k + size) % size, in = (rank - k - 1 + 2 * size) % size;
-    sendrecv(data + begin(out), length(out), right, tmp, length(in), left, comm, what, timeout_ms);
-    accumulate(data + begin(in), tmp, length(in), factor, k + 2 == size);
-  }
-  for (int k = 0; k + 1 < size; ++k) {
-    int const out = (rank + 1 - k + size) % size, in = (rank - k + size) % size;
-    sendrecv(data + begin(out), length(out), right, data + begin(in), length(in), left, comm, what, timeout_ms);
-  }
-}
-
-/// Buffers of at least this many bytes per rank are averaged with ring_average; smaller ones
-/// with MPI_Allreduce (fewer steps) and a scaling pass.
-inline constexpr std::size_t ring_min_bytes_per_rank = 32 << 10;
-
-/// Element types reduce_op::avg applies to, and the type of their scaling factor.
-template <class T>
-concept averageable = std::floating_point<T> || half_float<T>;
-template <class T>
-using scale_type = std::conditional_t<half_float<T>, float, T>;
-
-[[noreturn]] inline void avg_needs_floating() {
-  throw cohort::error("reduce_op::avg needs float, double, bfloat16 or float16 buffers: use reduce_op::sum and divide");
-}
-
-}  // namespace detail
-
-/// A non-blocking MPI collective in flight (move-only, no heap allocation unless the buffer
-/// needed more than one MPI call). wait() has the deadline of the communicator that started it.
-/// Destroying an unfinished request waits for it.
-class mpi_request {
- public:
-  mpi_request() = default;
-  /// `then` runs once, on this rank, when the collective has completed (reduce_op::avg's division).
-  mpi_request(MPI_Request first, std::vector<MPI_Request> rest, std::function<void()> then = {}, collective what = {},
-              int timeout_ms = 0)
-      : first_(first), rest_(std::move(rest)), then_(std::move(then)), what_(what), timeout_ms_(timeout_ms) {}
-  mpi_request(mpi_request&& o) noexcept
-      : first_(std::exchange(o.first_, MPI_REQUEST_NULL)), rest_(std::exchange(o.rest_, {})),
-        then_(std::exchange(o.then_, {})), what_(o.what_), timeout_ms_(o.timeout_ms_) {}
-  mpi_request& operator=(mpi_request&& o) noexcept {
-    if (this != &o) {
-      finish_quietly();
-      first_ = std::exchange(o.first_, MPI_REQUEST_NULL);
-      rest_ = std::exchange(o.rest_, {});
-      then_ = std::exchange(o.then_, {});
-      what_ = o.what_;
-      timeout_ms_ = o.timeout_ms_;
-    }
-    return *this;
-  }
-  mpi_request(mpi_request const&) = delete;
-  mpi_request& operator=(mpi_request const&) = delete;
-  ~mpi_request() { finish_quietly(); }
-
-  /// Blocks until the collective has completed on this rank; past the deadline, ends the job
-  /// with an error naming the collective (comm::timeout_message).
-  void wait() {
-    detail::wait_all(&first_, 1, what_, timeout_ms_);
-    if (!rest_.empty()) detail::wait_all(rest_.data(), static_cast<int>(rest_.size()), what_, timeout_ms_);
-    completed();
-  }
-  /// Drives progress; true once the collective has completed on this rank.
-  bool test() {
-    int done = 0;
-    detail::check_mpi(MPI_Test(&first_, &done, MPI_STATUS_IGNORE), "MPI_Test");
-    if (done && !rest_.empty())
-      detail::check_mpi(MPI_Testall(static_cast<int>(rest_.size()), rest_.data(), &done, MPI_STATUSES_IGNORE),
-                        "MPI_Testall");
-    if (done) completed();
-    return done != 0;
-  }
-  /// The collective, as error messages name it.
-  collective const& what() const { return what_; }
-
- private:
-  void completed() {
-    if (then_) std::exchange(then_, {})();
-  }
-  void finish_quietly() noexcept {
-    if (first_ != MPI_REQUEST_NULL) detail::wait_all(&first_, 1, what_, timeout_ms_);
-    if (!rest_.empty()) detail::wait_all(rest_.data(), static_cast<int>(rest_.size()), what_, timeout_ms_);
-    rest_.clear();
-    then_ = {};  // the buffer may be gone: an abandoned request is not finished
-  }
-  MPI_Request first_ = MPI_REQUEST_NULL;
-  std::vector<MPI_Request> rest_;
-  std::function<void()> then_;
-  collective what_{};
-  int timeout_ms_ = 0;
-};
 
 /// Knobs of a comm::mpi communicator.
 struct mpi_options {
