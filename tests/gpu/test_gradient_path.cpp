@@ -8,6 +8,20 @@
 // reducer on other data is tested on CPU over MPI, tests/torch/test_prepare_model.cpp). Then what a one-GPU user runs: prepare_model on
 // scaling::cuda, float16 autocast with grad_scaler, and fit_loop (pinned batches copied to the GPU)
 // against the same loop on the CPU.
+
+// The CPU gradient path (MPI communicator, buckets, reducer) includes no GPU header, even in a
+// program built with the NCCL backend: checked before anything else is included.
+#include <cohort/comm/mpi.hpp>
+#include <cohort/torch/device_buckets.hpp>
+#include <cohort/torch/flat_buckets.hpp>
+#include <cohort/torch/gradient_reducer.hpp>
+#if !COHORT_WITH_NCCL
+#error "tests/gpu is built with the NCCL backend (cohort::nccl defines COHORT_WITH_NCCL)"
+#endif
+#if defined(__CUDA_RUNTIME_H__) || defined(NCCL_H_)
+#error "the CPU gradient path includes a GPU header: keep CUDA and NCCL behind cohort/torch/nccl_buckets.hpp"
+#endif
+
 #include <cohort/cohort.hpp>
 #include <cohort/torch/fit_loop.hpp>
 

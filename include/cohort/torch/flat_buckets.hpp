@@ -2,7 +2,8 @@
 /// \file
 /// flat_buckets: the gradient buckets of a prepared model, as PyTorch DDP lays them out with
 /// gradient_as_bucket_view: one flat buffer per bucket, each parameter's .grad a slot in it, and
-/// under compression a bfloat16 or float16 copy that the all-reduce sends instead.
+/// under compression a bfloat16 or float16 copy that the all-reduce sends instead; and what a
+/// bucket hands to a communicator (`reduction`, `with_elements`).
 
 #include <torch/torch.h>
 
@@ -16,9 +17,30 @@
 #include "cohort/error.hpp"
 #include "cohort/gradients/bucket_plan.hpp"
 #include "cohort/gradients/model_options.hpp"
-#include "cohort/torch/device_buckets.hpp"
 
 namespace cohort::detail {
+
+/// One bucket's all-reduce: the buffer sent and the operation (avg; sum for a compressed bucket,
+/// divided on the way in).
+struct reduction {
+  torch::Tensor buffer;
+  comm::reduce_op op = comm::reduce_op::avg;
+};
+
+/// Calls `f` with `t`'s elements as a typed pointer (float, double, comm::bfloat16 or
+/// comm::float16): what a communicator reduces.
+template <class F>
+void with_elements(torch::Tensor const& t, F&& f) {
+  switch (t.scalar_type()) {
+    case torch::kFloat: return f(t.data_ptr<float>());
+    case torch::kDouble: return f(t.data_ptr<double>());
+    case torch::kBFloat16: return f(static_cast<comm::bfloat16*>(t.data_ptr()));
+    case torch::kHalf: return f(static_cast<comm::float16*>(t.data_ptr()));
+    default:
+      throw cohort::error(std::string("prepare_model: gradients of dtype ") + std::string(c10::toString(t.scalar_type())) +
+                          " cannot be averaged: use float32, float64, bfloat16 or float16 parameters");
+  }
+}
 
 /// The buckets of plan_buckets' plan over `params` (their order and sizes), each one flat buffer;
 /// parameter i's gradient is the slot alias(i) of bucket bucket_of(i), so autograd accumulates

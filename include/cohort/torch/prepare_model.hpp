@@ -18,9 +18,9 @@
 #include "cohort/context.hpp"
 #include "cohort/error.hpp"
 #include "cohort/scaling/cpu.hpp"
-#include "cohort/torch/device_buckets.hpp"
 #include "cohort/torch/gradient_reducer.hpp"
 #include "cohort/torch/model_layout.hpp"
+#include "cohort/torch/nccl_buckets.hpp"
 #include "cohort/torch/to_torch.hpp"
 
 namespace cohort {
@@ -85,7 +85,7 @@ class prepared_model {
 /// Cost: one agreement (a small all-reduce), two allgathers of the layout text, one broadcast per tensor.
 template <class Module>
 prepared_model<Module> prepare_model_for(context& ctx, Module module, model_options const& options) {
-  ctx.lockstep().agree(detail::step::prepare_model);  // every rank is here (else diverged on every rank)
+  detail::context_access::lockstep(ctx).agree(detail::step::prepare_model);  // every rank is here (else diverged on every rank)
   torch::nn::Module& m = *prepared_model<Module>(module, nullptr).get();
   m.to(to_torch(ctx.device()));
   auto& c = ctx.comm();
@@ -118,7 +118,7 @@ prepared_model<Module> prepare_model_for(context& ctx, Module module, model_opti
     auto device = on_gpu ? detail::make_device_buckets(c, ctx.device().index, options.timeout_ms > 0 ? options.timeout_ms : ctx.collective_timeout_ms()) : nullptr;
     if (!params.empty())
       reducer = std::make_shared<detail::gradient_reducer>(c, std::move(params), options, where, std::move(device),
-                                                           &ctx.lockstep());
+                                                           &detail::context_access::lockstep(ctx));
   }
   return prepared_model<Module>(std::move(module), std::move(reducer));
 }
