@@ -132,7 +132,7 @@ void guard_step() {
 
 /// One agreement of the ranks, as a backward makes it (started, then awaited).
 void agreement(benchmark::State& state) {
-  auto& steps = g_ctx->lockstep();
+  auto& steps = cohort::detail::context_access::lockstep(*g_ctx);
   for (auto _ : state)
     cohort_bench::timed_iteration(state, [&] {
       steps.start(cohort::detail::step::backward);

@@ -35,8 +35,16 @@ namespace cohort {
 /// committing its checkpoint: EX_TEMPFAIL, "try again". cohort-run reruns it.
 inline constexpr int exit_code_preempted = 75;
 
-/// What a training functor receives. Valid for the duration of fit(); not copyable.
+namespace detail {
+struct context_access;
+}
+
+/// What a training functor receives. Valid for the duration of fit(); not copyable. What the
+/// library itself needs of it (the ranks' agreement, loader storage, what the trainer sets) is
+/// reached through detail::context_access, not through this type.
 class context {
+  friend struct detail::context_access;
+
  public:
   /// Built by the trainer.
   context(scaling::topology topo, cohort::device dev, int threads, std::string name, std::filesystem::path run_path,
@@ -109,8 +117,6 @@ class context {
   /// that verifies against its manifest (or the one named by run_config.resume_from_checkpoint);
   /// nothing on a fresh run. The same on every rank.
   std::optional<cohort::checkpoint> const& checkpoint() const { return resume_; }
-  /// Sets the checkpoint to resume from (the trainer does, at the start of fit()).
-  void set_resume_checkpoint(std::optional<cohort::checkpoint> c) { resume_ = std::move(c); }
 
   /// This rank's sample indices of a dataset of `dataset_size` samples in `epoch`, from the
   /// trainer's sharding policy. Every rank gets the same count. No communication.
@@ -133,28 +139,8 @@ class context {
 
   /// The seed of the trainer's sharding policy (0 when it has none).
   std::uint64_t sharding_seed() const { return sharding_seed_; }
-  /// The trainer's dataset `name`, or nullptr.
-  std::any const* dataset(std::string const& name) const {
-    if (!datasets_) return nullptr;
-    auto it = datasets_->items.find(name);
-    return it == datasets_->items.end() ? nullptr : &it->second;
-  }
-  /// The names of the trainer's datasets, for messages ("no datasets" when none).
-  std::string dataset_names() const {
-    std::string s;
-    if (datasets_)
-      for (auto const& [k, v] : datasets_->items) s += (s.empty() ? "'" : ", '") + k + "'";
-    return s.empty() ? std::string("no datasets") : s;
-  }
-  /// The ranks' agreement on control flow (prepare_model and the gradient reducer take part).
-  detail::lockstep& lockstep() { return reports_.steps(); }
   /// How long a collective may wait for the other ranks (run_config::collective_timeout_ms).
   int collective_timeout_ms() const { return collective_timeout_ms_; }
-  /// Set by the trainer.
-  void set_collective_timeout_ms(int ms) { collective_timeout_ms_ = ms; }
-
-  /// Storage for the loader of dataset `name` (used by dataset_shard).
-  std::shared_ptr<void>& loader_slot(std::string const& name) { return loaders_[name]; }
 
   /// Broadcasts `model`'s parameters and buffers from rank 0, checks that every rank holds the
   /// same layout, and averages gradients over the ranks during backward (bucketed,
@@ -180,5 +166,38 @@ class context {
   std::optional<cohort::checkpoint> resume_;
   int collective_timeout_ms_ = 600'000;
 };
+
+namespace detail {
+
+/// The library's access to a context's internals: the trainer sets what it found at setup, and
+/// the LibTorch glue (prepare_model, the data loaders) takes part in the ranks' agreement and
+/// keeps its loaders there. Not for training functors.
+struct context_access {
+  /// The ranks' agreement on control flow (prepare_model and the gradient reducer take part).
+  static detail::lockstep& lockstep(context& c) { return c.reports_.steps(); }
+  /// Storage for the loader of dataset `name` (dataset_shard's, kept for the run).
+  static std::shared_ptr<void>& loader_slot(context& c, std::string const& name) { return c.loaders_[name]; }
+  /// The trainer's dataset `name`, or nullptr.
+  static std::any const* dataset(context const& c, std::string const& name) {
+    if (!c.datasets_) return nullptr;
+    auto it = c.datasets_->items.find(name);
+    return it == c.datasets_->items.end() ? nullptr : &it->second;
+  }
+  /// The names of the trainer's datasets, for messages ("no datasets" when none).
+  static std::string dataset_names(context const& c) {
+    std::string s;
+    if (c.datasets_)
+      for (auto const& [k, v] : c.datasets_->items) s += (s.empty() ? "'" : ", '") + k + "'";
+    return s.empty() ? std::string("no datasets") : s;
+  }
+  /// The checkpoint to resume from, found at the start of fit().
+  static void set_resume_checkpoint(context& c, std::optional<cohort::checkpoint> checkpoint) {
+    c.resume_ = std::move(checkpoint);
+  }
+  /// run_config::collective_timeout_ms, as the run applies it.
+  static void set_collective_timeout_ms(context& c, int ms) { c.collective_timeout_ms_ = ms; }
+};
+
+}  // namespace detail
 
 }  // namespace cohort

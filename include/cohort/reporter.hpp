@@ -23,9 +23,9 @@
 #include "cohort/checkpointing/retained.hpp"
 #include "cohort/comm/any.hpp"
 #include "cohort/comm/collectives.hpp"
+#include "cohort/comm/deadline.hpp"
 #include "cohort/detail/background_worker.hpp"
 #include "cohort/detail/lockstep.hpp"
-#include "cohort/detail/stop_signal.hpp"
 #include "cohort/error.hpp"
 #include "cohort/report/callbacks.hpp"
 #include "cohort/report/recorder.hpp"
@@ -108,7 +108,7 @@ class reporter {
     auto const kind = !payload                                           ? checkpoint_kind::none
                       : payload->scope == checkpoint_scope::per_rank ? checkpoint_kind::per_rank
                                                                          : checkpoint_kind::replicated;
-    auto const agreed = steps_.agree_report(kind, stop_signal().load(), rows_.count() + 1);
+    auto const agreed = steps_.agree_report(kind, comm::detail::stop_signal().load(), rows_.count() + 1);
     if (agreed.any_checkpoint) {
       static checkpoint_payload const nothing{};
       return report_checkpoint(std::move(metrics), payload ? *payload : nothing, validate);
@@ -184,7 +184,7 @@ class reporter {
 
   /// The signal any rank received (0: none), agreed by one small allreduce over control.
   std::int32_t agreed_stop_signal() {
-    std::int32_t s = stop_signal().load();
+    std::int32_t s = comm::detail::stop_signal().load();
     control_.allreduce(&s, 1, comm::reduce_op::max);
     return s;
   }

@@ -409,7 +409,7 @@ TEST_CASE("a preempted run's events are all written, and its resume writes a sec
   auto train = [](cohort::context& ctx) {
     std::int64_t k = ctx.checkpoint() ? std::stoll(slurp(ctx.checkpoint()->path() / "k")) : 0;
     for (++k; k <= 6; ++k) {
-      if (k == 4 && !ctx.checkpoint()) cohort::detail::stop_signal().store(SIGTERM);  // as if signalled before report 4
+      if (k == 4 && !ctx.checkpoint()) cohort::comm::detail::stop_signal().store(SIGTERM);  // as if signalled before report 4
       ctx.report({{"k", k}}, cohort::checkpoint_payload{[k](std::filesystem::path const& dir, int rank) {
         if (rank == 0) std::ofstream(dir / "k") << k;
       }});
@@ -417,7 +417,7 @@ TEST_CASE("a preempted run's events are all written, and its resume writes a sec
   };
   auto first = cohort::trainer{train}.fit(nlohmann::json::object(), quiet(storage));
   CHECK(first.preempted);
-  cohort::detail::stop_signal().store(0);
+  cohort::comm::detail::stop_signal().store(0);
   auto second = cohort::trainer{train}.fit(nlohmann::json::object(), quiet(storage));
   REQUIRE(second.ok());
   if (cohort_test::world_rank() != 0) return;

@@ -4,6 +4,7 @@
 /// to the ones to keep. Writing checkpoints is the checkpointing layer's job; these only decide.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <numeric>
 #include <optional>
@@ -73,3 +74,17 @@ struct keep_best {
 };
 
 }  // namespace cohort::checkpointing
+
+namespace cohort {
+
+/// Checkpointing: which of the reported checkpoints (oldest first) to keep.
+template <class P>
+concept checkpointing_policy = std::copyable<P> && requires(P const& p, std::span<checkpointing::record const> s) {
+  { p.retain(s) } -> std::same_as<std::vector<std::size_t>>;
+};
+
+static_assert(checkpointing_policy<checkpointing::keep_all>);
+static_assert(checkpointing_policy<checkpointing::keep_last>);
+static_assert(checkpointing_policy<checkpointing::keep_best>);
+
+}  // namespace cohort

@@ -23,9 +23,19 @@
 #include <string>
 #include <thread>
 
-#include "cohort/detail/stop_signal.hpp"
 
 namespace cohort::comm {
+
+namespace detail {
+
+/// The signal (SIGTERM, SIGINT) this process received during fit(), 0 if none: set by the
+/// trainer's handler, read by report() and by collectives waiting past their peers' death.
+inline std::atomic<int>& stop_signal() {
+  static std::atomic<int> s{0};
+  return s;
+}
+
+}  // namespace detail
 
 /// A collective in flight, as error messages name it.
 struct collective {
@@ -245,7 +255,7 @@ inline void wait_all(MPI_Request* requests, int n, collective const& what, int t
                     " is ending the job (see its error) while this rank waits in " + describe(what) +
                     position_suffix(position()()) + ": aborting",
                 other_ranks::already_know);
-    if (int const s = cohort::detail::stop_signal().load(); s != 0 && !told) {
+    if (int const s = detail::stop_signal().load(); s != 0 && !told) {
       if (signalled == clock::time_point{}) signalled = now;
       if (now - signalled > signal_grace) {
         // Said once, and the wait goes on: if a rank died, the launcher kills this one next;

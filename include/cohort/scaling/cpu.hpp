@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cohort/scaling/device.hpp"
+#include "cohort/scaling/policy.hpp"
 #include "cohort/scaling/topology.hpp"
 
 namespace cohort::scaling {
@@ -73,3 +74,5 @@ inline int node_cores() {
 }
 
 }  // namespace cohort::scaling
+
+static_assert(cohort::scaling_policy<cohort::scaling::cpu>);

@@ -12,6 +12,7 @@
 
 #include "cohort/scaling/cpu.hpp"
 #include "cohort/scaling/device.hpp"
+#include "cohort/scaling/policy.hpp"
 #include "cohort/scaling/topology.hpp"
 
 namespace cohort::scaling {
@@ -68,3 +69,5 @@ struct cuda {
 };
 
 }  // namespace cohort::scaling
+
+static_assert(cohort::scaling_policy<cohort::scaling::cuda>);

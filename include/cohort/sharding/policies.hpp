@@ -4,6 +4,7 @@
 /// indices one rank sees in one epoch. Invariant across ranks: every rank gets the same number
 /// of indices each epoch (unequal counts would hang collectives).
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
@@ -96,3 +97,18 @@ struct shuffled {
 };
 
 }  // namespace cohort::sharding
+
+namespace cohort {
+
+/// Sharding: the sample indices of one rank in one epoch, a pure function of
+/// (dataset size, world size, rank, epoch).
+template <class P>
+concept sharding_policy = std::copyable<P> && requires(P const& p, std::size_t n, int w, std::int64_t e) {
+  { p.indices(n, w, w, e) } -> std::same_as<std::vector<std::size_t>>;
+};
+
+static_assert(sharding_policy<sharding::contiguous>);
+static_assert(sharding_policy<sharding::interleaved>);
+static_assert(sharding_policy<sharding::shuffled>);
+
+}  // namespace cohort

@@ -17,7 +17,7 @@
 #include <range/v3/view/iota.hpp>
 #include <range/v3/view/transform.hpp>
 
-#include "cohort/concepts.hpp"
+#include "cohort/sharding/policies.hpp"
 
 namespace cohort::views {
 

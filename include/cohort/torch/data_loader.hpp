@@ -534,10 +534,10 @@ inline data_loader<stream_dataset> stream_loader(context const& ctx, stream_data
 /// the datasets the trainer has when `name` is unknown.
 template <class Options>
 data_loader<stream_dataset>& dataset_shard_for(context& ctx, std::string const& name, Options const& options) {
-  auto& slot = ctx.loader_slot(name);
+  auto& slot = detail::context_access::loader_slot(ctx, name);
   if (!slot) {
-    auto const* ds = ctx.dataset(name);
-    if (!ds) throw cohort::error("no dataset named '" + name + "': the trainer has " + ctx.dataset_names() +
+    auto const* ds = detail::context_access::dataset(ctx, name);
+    if (!ds) throw cohort::error("no dataset named '" + name + "': the trainer has " + detail::context_access::dataset_names(ctx) +
                                  ": pass it with cohort::datasets{{\"" + name + "\", ...}}");
     stream_dataset stream;
     if (auto const* tensors = std::any_cast<tensor_dataset>(ds)) stream.impl = std::make_shared<detail::tensor_stream>(*tensors);

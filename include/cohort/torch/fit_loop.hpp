@@ -238,10 +238,10 @@ void for_each_slice_batch(Source const& source, std::int64_t lo, std::int64_t hi
 
 /// The trainer's dataset `name`, or a cohort::error naming the datasets it has.
 inline std::any const& find_dataset(context& ctx, std::string const& name, char const* knob) {
-  auto const* ds = ctx.dataset(name);
+  auto const* ds = detail::context_access::dataset(ctx, name);
   if (!ds)
     throw cohort::error(std::string("fit_loop: fit_options.") + knob + " names no dataset '" + name + "': the trainer has " +
-                        ctx.dataset_names() + ": pass it with cohort::datasets{{\"" + name + "\", ...}}");
+                        detail::context_access::dataset_names(ctx) + ": pass it with cohort::datasets{{\"" + name + "\", ...}}");
   return *ds;
 }
 

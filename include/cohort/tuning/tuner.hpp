@@ -279,7 +279,7 @@ class tuner {
       tuning::detail::send_json(comm, 0, tuning::detail::result_tag, msg);
       return tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag);
     };
-    std::int32_t signal = cohort::detail::stop_signal().load();
+    std::int32_t signal = comm::detail::stop_signal().load();
     group.allreduce(&signal, 1, comm::reduce_op::max);
     cohort::result<void> r;
     if (signal != 0) {
@@ -291,7 +291,7 @@ class tuner {
     r.preempted = run_result.preempted;
     r.error = run_result.error;
     r.stopped = run_result.stopped;
-    if (r.preempted) cohort::detail::stop_signal().store(SIGTERM);  // the trainer's guard is gone: keep it stopped
+    if (r.preempted) comm::detail::stop_signal().store(SIGTERM);  // the trainer's guard is gone: keep it stopped
     return r;
   }
 
