@@ -76,7 +76,10 @@ void ring_average(T* data, std::size_t count, MPI_Comm comm, int rank, int size,
 }
 
 /// Buffers of at least this many bytes per rank are averaged with ring_average; smaller ones
-/// with MPI_Allreduce (fewer steps) and a scaling pass.
+/// with MPI_Allreduce (fewer steps) and a scaling pass. Chosen by bench_gradient_sync's ring
+/// against MPI_Allreduce table (docs/benchmarks.md, "Gradient synchronisation"): at 2 ranks the
+/// ring mostly takes 1.2-1.8x the time below 8 KiB per rank, is on par at 8 KiB and faster in
+/// every run from 16 KiB per rank; 32 KiB leaves one size of margin.
 inline constexpr std::size_t ring_min_bytes_per_rank = 32 << 10;
 
 }  // namespace cohort::comm::detail
