@@ -19,7 +19,7 @@
 
 #include "cohort/sharding/policies.hpp"
 
-namespace cohort::views {
+namespace cohort::sharding::views {
 
 /// The adaptor made by `shard(...)`: which rank of how many, which epoch, which policy.
 template <sharding_policy Policy>
@@ -58,4 +58,9 @@ shard_adaptor<Policy> shard(Context const& ctx, Policy policy, std::int64_t epoc
 /// Groups consecutive elements into batches of `n` (the last may be shorter): range-v3's chunk.
 inline auto batch(std::ptrdiff_t n) { return ranges::views::chunk(n); }
 
-}  // namespace cohort::views
+}  // namespace cohort::sharding::views
+
+namespace cohort {
+/// The short name users write: `cohort::views::shard`, `cohort::views::batch`.
+namespace views = sharding::views;
+}  // namespace cohort

@@ -14,7 +14,21 @@
 
 namespace cohort::tuning {
 struct space;
+
+/// The shipped policies, one folder each: searchers (tuning/search/), schedulers
+/// (tuning/schedule/), stoppers (tuning/stop/).
+namespace search {}
+namespace schedule {}
+namespace stop {}
 }  // namespace cohort::tuning
+
+namespace cohort {
+/// The short names users write: `cohort::search::tpe`, `cohort::schedule::asha`,
+/// `cohort::stop::plateau`.
+namespace search = tuning::search;
+namespace schedule = tuning::schedule;
+namespace stop = tuning::stop;
+}  // namespace cohort
 
 namespace cohort {
 

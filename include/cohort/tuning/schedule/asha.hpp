@@ -7,7 +7,7 @@
 #include "cohort/detail/internal_state.hpp"
 #include "cohort/tuning/schedule/common.hpp"
 
-namespace cohort::schedule {
+namespace cohort::tuning::schedule {
 
 namespace detail {
 
@@ -244,4 +244,4 @@ struct asha {
 };
 static_assert(cohort::scheduler<asha>);
 
-}  // namespace cohort::schedule
+}  // namespace cohort::tuning::schedule

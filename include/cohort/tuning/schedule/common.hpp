@@ -24,7 +24,7 @@
 #include "cohort/tuning/concepts.hpp"
 #include "cohort/tuning/decision.hpp"
 
-namespace cohort::schedule {
+namespace cohort::tuning::schedule {
 
 namespace detail {
 
@@ -117,4 +117,4 @@ inline double nan_percentile(std::vector<double> v, double percent) {
 
 }  // namespace detail
 
-}  // namespace cohort::schedule
+}  // namespace cohort::tuning::schedule

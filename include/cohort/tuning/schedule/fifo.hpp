@@ -4,7 +4,7 @@
 
 #include "cohort/tuning/schedule/common.hpp"
 
-namespace cohort::schedule {
+namespace cohort::tuning::schedule {
 
 /// First in, first out: every trial runs to its end (Ray's FIFOScheduler, the default).
 struct fifo {
@@ -25,4 +25,4 @@ struct fifo {
 };
 static_assert(cohort::scheduler<fifo>);
 
-}  // namespace cohort::schedule
+}  // namespace cohort::tuning::schedule

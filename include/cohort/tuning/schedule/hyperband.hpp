@@ -20,7 +20,7 @@
 #include "cohort/tuning/schedule/common.hpp"
 #include "cohort/tuning/schedule/hyperband_brackets.hpp"
 
-namespace cohort::schedule {
+namespace cohort::tuning::schedule {
 
 namespace detail {
 
@@ -346,4 +346,4 @@ struct hyperband {
 };
 static_assert(cohort::scheduler<hyperband>);
 
-}  // namespace cohort::schedule
+}  // namespace cohort::tuning::schedule

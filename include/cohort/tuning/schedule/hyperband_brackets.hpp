@@ -14,7 +14,7 @@
 
 #include "cohort/error.hpp"
 
-namespace cohort::schedule {
+namespace cohort::tuning::schedule {
 
 /// One milestone of a bracket: `trials` live trials run until `iteration` (cumulative).
 struct hyperband_milestone {
@@ -84,4 +84,4 @@ inline std::vector<hyperband_bracket> bohb_brackets(std::int64_t max_t, double e
   return out;
 }
 
-}  // namespace cohort::schedule
+}  // namespace cohort::tuning::schedule

@@ -5,7 +5,7 @@
 #include "cohort/detail/internal_state.hpp"
 #include "cohort/tuning/schedule/common.hpp"
 
-namespace cohort::schedule {
+namespace cohort::tuning::schedule {
 
 namespace detail {
 
@@ -180,4 +180,4 @@ struct median_stopping {
 };
 static_assert(cohort::scheduler<median_stopping>);
 
-}  // namespace cohort::schedule
+}  // namespace cohort::tuning::schedule

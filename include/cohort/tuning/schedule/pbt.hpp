@@ -5,7 +5,7 @@
 #include "cohort/detail/internal_state.hpp"
 #include "cohort/tuning/schedule/common.hpp"
 
-namespace cohort::schedule {
+namespace cohort::tuning::schedule {
 
 /// A continuous or integer range a PBT hyperparameter moves in: perturbation multiplies by a
 /// perturbation factor and clamps to [low, high]; resampling draws uniformly (log-uniformly with
@@ -425,4 +425,4 @@ struct pbt {
 };
 static_assert(cohort::scheduler<pbt>);
 
-}  // namespace cohort::schedule
+}  // namespace cohort::tuning::schedule
