@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// Sharded, prefetching data loading for LibTorch: this rank's shard of a dataset, batched into
-/// tensors, produced by a background thread into a bounded queue, with a resumable position.
+/// tensors, produced by worker threads into a bounded queue, with a resumable position. What a
+/// loader reads from (tensor datasets, torch::data datasets, streams) is in torch/batch_sources.hpp.
 
 #include <torch/torch.h>
 
@@ -29,110 +30,10 @@
 #include "cohort/sharding/datasets.hpp"
 #include "cohort/sharding/loader_options.hpp"
 #include "cohort/sharding/redeal.hpp"
+#include "cohort/torch/batch_sources.hpp"
 #include "cohort/torch/to_torch.hpp"
 
 namespace cohort {
-
-/// Samples as tensors: row i of `inputs` and of `targets` is sample i.
-struct tensor_dataset {
-  torch::Tensor inputs;
-  torch::Tensor targets;
-  std::size_t size() const { return inputs.defined() ? static_cast<std::size_t>(inputs.size(0)) : 0; }
-};
-
-/// One batch.
-struct batch {
-  torch::Tensor inputs;
-  torch::Tensor targets;
-  std::int64_t skipped_samples = 0;  ///< bad samples left out of it (a shard dataset's on_bad_sample = skip)
-};
-
-namespace detail {
-
-/// A source read as a stream (shard files): `s.open_reader(order, first)` opens a reader over one
-/// epoch's `order` of sample indices, of which those from position `first` on are still to be
-/// read; the loader calls its `fetch(lo, hi)` for the samples at positions [lo, hi) of `order`, in
-/// increasing order and one call at a time, and `s.decode(raw)` on the result, on any worker.
-template <class S>
-concept streamed_source = requires(S const& s, std::vector<std::size_t> order) {
-  { s.open_reader(std::move(order), std::size_t{0}) };
-};
-
-/// The reader of a source that gathers batches by index: a batch's raw form is its indices.
-struct index_reader {
-  std::vector<std::size_t> order;
-  std::vector<std::size_t> fetch(std::size_t lo, std::size_t hi) const {
-    return {order.begin() + static_cast<std::ptrdiff_t>(lo), order.begin() + static_cast<std::ptrdiff_t>(hi)};
-  }
-};
-
-template <class Source>
-auto open_reader(Source const& s, std::vector<std::size_t> order, std::size_t first) {
-  if constexpr (streamed_source<Source>) return s.open_reader(std::move(order), first);
-  else return index_reader{std::move(order)};
-}
-template <class Source, class Raw>
-batch decode(Source const& s, Raw&& raw) {
-  if constexpr (streamed_source<Source>) return s.decode(std::forward<Raw>(raw));
-  else return gather(s, raw);
-}
-
-}  // namespace detail
-
-/// Where a loader's batches come from: a dataset of `size()` samples and either a way to gather
-/// a batch of sample indices into tensors, or a reader per epoch (a stream, see stream_dataset).
-template <class S>
-concept batch_source = requires(S const& s, std::vector<std::size_t> const& idx) {
-  { s.size() } -> std::convertible_to<std::size_t>;
-} && (detail::streamed_source<S> || requires(S const& s, std::vector<std::size_t> const& idx) {
-  { gather(s, idx) } -> std::same_as<batch>;
-});
-
-/// A dataset read through one reader per epoch, behind a type-erased handle: what
-/// `ctx.dataset_shard` loads (a cohort::shard_dataset becomes one when given to cohort::datasets,
-/// a cohort::tensor_dataset is read through one), and what any dataset that is not random access
-/// can implement.
-class stream_dataset {
- public:
-  /// Reads one epoch: `fetch(lo, hi)` is called for positions [lo, hi) of the epoch's order, in
-  /// increasing order, one call at a time, and returns what makes that batch; the loader calls
-  /// the latter on any of its worker threads (decoding in parallel).
-  struct reader {
-    virtual ~reader() = default;
-    virtual std::function<batch()> fetch(std::size_t lo, std::size_t hi) = 0;
-  };
-  /// What a stream_dataset is made of.
-  struct source {
-    virtual ~source() = default;
-    /// Samples in the dataset.
-    virtual std::size_t size() const = 0;
-    /// A reader of one epoch's `order` (sample indices), of which the positions from `first` on
-    /// are still to be read (a resumed epoch).
-    virtual std::unique_ptr<reader> open(std::vector<std::size_t> order, std::size_t first) const = 0;
-    /// The dealing the dataset brings (its policy for any world size, and that policy's seed),
-    /// or nullopt to be dealt by the trainer's sharding policy.
-    virtual std::optional<std::pair<sharding::indices_fn, std::uint64_t>> dealing() const { return std::nullopt; }
-  };
-  /// The reader of an epoch, as the loader holds it.
-  struct epoch_reader {
-    std::unique_ptr<reader> impl;
-    std::function<batch()> fetch(std::size_t lo, std::size_t hi) { return impl->fetch(lo, hi); }
-  };
-
-  std::shared_ptr<source const> impl;
-
-  std::size_t size() const { return impl->size(); }
-  epoch_reader open_reader(std::vector<std::size_t> order, std::size_t first) const { return {impl->open(std::move(order), first)}; }
-  batch decode(std::function<batch()> make) const { return make(); }
-};
-
-/// Gathers rows `idx` of a tensor dataset (one index_select per tensor).
-inline batch gather(tensor_dataset const& d, std::vector<std::size_t> const& idx) {
-  auto rows = torch::empty({static_cast<std::int64_t>(idx.size())}, torch::kLong);
-  auto* p = rows.data_ptr<std::int64_t>();
-  for (std::size_t k = 0; k < idx.size(); ++k) p[k] = static_cast<std::int64_t>(idx[k]);
-  return {d.inputs.index_select(0, rows), d.targets.index_select(0, rows)};
-}
 
 /// This rank's shard of a dataset, iterated one epoch at a time:
 /// `for (auto& b : loader.epoch()) ...` runs the next epoch from the saved position, and the
@@ -245,186 +146,10 @@ class data_loader {
     if (seen == 0) state_.epoch_end = 0;
   }
 
+  /// An input range over one epoch, its batches made by worker threads (defined below the class).
   class epoch_range;
   /// The rest of the current epoch (from state().position), as an input range of batches.
   epoch_range epoch() { return epoch_range(*this); }
-
-  /// An input range over one epoch. While it is iterated, worker threads make the next batches
-  /// (options.num_workers of them, or one with prefetch_batches and no workers; none with both
-  /// 0): each takes the next batch number, fetches its raw samples from the epoch's reader (one
-  /// worker at a time, in batch order) and decodes them in parallel with the others; batches are
-  /// handed out in batch order whatever the threads' timing, at most max(prefetch_batches,
-  /// num_workers) made ahead. The workers stop when the range is destroyed (also after a `break`).
-  class epoch_range {
-   public:
-    explicit epoch_range(data_loader& l) : loader_(&l) {}
-    epoch_range(epoch_range const&) = delete;
-    epoch_range& operator=(epoch_range const&) = delete;
-    ~epoch_range() { stop(); }
-
-    struct sentinel {};
-    class iterator {
-     public:
-      using value_type = cohort::batch;
-      using difference_type = std::ptrdiff_t;
-      explicit iterator(epoch_range* r) : r_(r) { r_->advance(); }
-      cohort::batch& operator*() const { return *r_->current_; }
-      cohort::batch* operator->() const { return &*r_->current_; }
-      iterator& operator++() {
-        r_->advance();
-        return *this;
-      }
-      void operator++(int) { r_->advance(); }
-      bool done() const { return !r_->current_; }
-      friend bool operator==(iterator const& it, sentinel) { return it.done(); }
-
-     private:
-      epoch_range* r_;
-    };
-    iterator begin() {
-      start();
-      return iterator(this);
-    }
-    sentinel end() const { return {}; }
-
-   private:
-    friend class iterator;
-    using reader_type = decltype(detail::open_reader(std::declval<Source const&>(), std::vector<std::size_t>{}, 0));
-
-    /// A batch made by a worker, or why it could not be.
-    struct made_batch {
-      std::optional<cohort::batch> made;
-      std::string error;
-    };
-
-    void start() {
-      auto& l = *loader_;
-      auto order = l.order_of_current_epoch();
-      order_size_ = order.size();
-      total_ = l.batches_in(order_size_);  // not batches_per_epoch(): the order is computed once
-      next_fetch_ = l.state_.position;
-      reader_.emplace(detail::open_reader(l.source_, std::move(order),
-                                          std::min(order_size_, static_cast<std::size_t>(next_fetch_ * l.options_.batch_size))));
-      std::size_t const threads = l.options_.num_workers > 0 ? l.options_.num_workers : (l.options_.prefetch_batches > 0 ? 1 : 0);
-      capacity_ = std::max<std::size_t>({l.options_.prefetch_batches, l.options_.num_workers, 1});
-      for (std::size_t k = 0; k < threads; ++k) workers_.emplace_back([this] { work(); });
-    }
-
-    auto fetch(std::int64_t b) {
-      auto& l = *loader_;
-      auto lo = static_cast<std::size_t>(b * l.options_.batch_size);
-      auto hi = std::min(order_size_, lo + static_cast<std::size_t>(l.options_.batch_size));
-      return reader_->fetch(lo, hi);
-    }
-
-    template <class Raw>
-    cohort::batch decode(Raw&& raw) const {
-      auto& l = *loader_;
-      auto out = detail::decode(l.source_, std::forward<Raw>(raw));
-      if (l.device_.kind == device_kind::cuda) {  // pinned host memory, then an asynchronous copy
-        out.inputs = out.inputs.pin_memory();
-        out.targets = out.targets.pin_memory();
-      }
-      return out;
-    }
-
-    void work() {
-      cohort::detail::begin_background_thread("cohort-loader");
-      // The rank's GPU current on this thread too: pinning memory here otherwise makes a CUDA
-      // context on GPU 0, one per rank of a node.
-      std::optional<c10::DeviceGuard> on_device;
-      if (loader_->device_.kind == device_kind::cuda) on_device.emplace(to_torch(loader_->device_));
-      for (;;) {
-        std::int64_t b = 0;
-        made_batch out;
-        std::optional<decltype(fetch(0))> raw;
-        {
-          std::lock_guard fetching(fetch_mutex_);  // the reader is read in batch order, by one worker at a time
-          {
-            std::unique_lock lock(mutex_);
-            space_.wait(lock, [&] {
-              return stop_ || next_fetch_ >= total_ || next_fetch_ < loader_->state_.position + static_cast<std::int64_t>(capacity_);
-            });
-            if (stop_ || next_fetch_ >= total_) return;
-            b = next_fetch_++;
-          }
-          try {
-            raw.emplace(fetch(b));
-          } catch (std::exception const& e) {
-            out.error = e.what();
-          }
-        }
-        if (raw) try {
-            out.made = decode(std::move(*raw));
-          } catch (std::exception const& e) {
-            out.error = e.what();
-          }
-        {
-          std::lock_guard lock(mutex_);
-          made_.emplace(b, std::move(out));
-        }
-        ready_.notify_all();
-      }
-    }
-
-    void advance() {
-      auto& l = *loader_;
-      current_.reset();
-      auto const t0 = std::chrono::steady_clock::now();
-      if (l.state_.position >= total_) {
-        l.state_.epoch += 1;
-        l.state_.position = 0;
-        l.state_.epoch_offset = l.state_.epoch_end = 0;
-        l.state_.epoch_world_size = l.state_.world_size;
-        return;
-      }
-      if (!workers_.empty()) {
-        std::unique_lock lock(mutex_);
-        ready_.wait(lock, [&] { return made_.count(l.state_.position) > 0; });
-        auto node = made_.extract(l.state_.position);
-        lock.unlock();
-        if (!node.mapped().made) throw cohort::error("data loader: " + node.mapped().error);
-        current_ = std::move(node.mapped().made);
-      } else {
-        current_ = decode(fetch(l.state_.position));
-      }
-      {
-        std::lock_guard lock(mutex_);
-        ++l.state_.position;  // handed out: a state saved while it is in use resumes after it
-      }
-      space_.notify_all();
-      ++l.stats_.batches;
-      l.stats_.skipped_samples += current_->skipped_samples;
-      l.stats_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (l.device_.kind == device_kind::cuda) {
-        current_->inputs = current_->inputs.to(to_torch(l.device_), /*non_blocking=*/true);
-        current_->targets = current_->targets.to(to_torch(l.device_), /*non_blocking=*/true);
-      }
-    }
-
-    void stop() {
-      {
-        std::lock_guard lock(mutex_);
-        stop_ = true;
-      }
-      space_.notify_all();
-      for (auto& w : workers_) w.join();
-      workers_.clear();
-    }
-
-    data_loader* loader_;
-    std::optional<reader_type> reader_;
-    std::size_t order_size_ = 0;
-    std::int64_t total_ = 0;
-    std::int64_t next_fetch_ = 0;  // the next batch a worker takes
-    std::size_t capacity_ = 1;     // batches made ahead of the one handed out, at most
-    std::optional<cohort::batch> current_;
-    std::vector<std::thread> workers_;
-    std::mutex fetch_mutex_, mutex_;
-    std::condition_variable ready_, space_;
-    std::map<std::int64_t, made_batch> made_;
-    bool stop_ = false;
-  };
 
  private:
   /// This rank's indices in the current epoch: the policy's, or the rest of an epoch dealt again
@@ -457,31 +182,183 @@ class data_loader {
   stats_type stats_;
 };
 
-/// A torch::data dataset (anything with `get(index)` returning an Example and `size()`) as a
-/// batch source; examples are stacked into batch tensors. Pass the dataset before any batch
-/// transform such as Stack: cohort batches it.
-template <class Dataset>
-struct torch_data_source {
-  std::shared_ptr<Dataset> dataset;
-  std::size_t size() const {
-    auto n = dataset->size();
-    if (!n) throw cohort::error("prepare_data_loader: the dataset has no size(): cohort shards only sized datasets");
-    return *n;
-  }
-};
+/// An input range over one epoch. While it is iterated, worker threads make the next batches
+/// (options.num_workers of them, or one with prefetch_batches and no workers; none with both
+/// 0): each takes the next batch number, fetches its raw samples from the epoch's reader (one
+/// worker at a time, in batch order) and decodes them in parallel with the others; batches are
+/// handed out in batch order whatever the threads' timing, at most max(prefetch_batches,
+/// num_workers) made ahead. The workers stop when the range is destroyed (also after a `break`).
+template <batch_source Source>
+class data_loader<Source>::epoch_range {
+ public:
+  explicit epoch_range(data_loader& l) : loader_(&l) {}
+  epoch_range(epoch_range const&) = delete;
+  epoch_range& operator=(epoch_range const&) = delete;
+  ~epoch_range() { stop(); }
 
-template <class Dataset>
-batch gather(torch_data_source<Dataset> const& s, std::vector<std::size_t> const& idx) {
-  std::vector<torch::Tensor> xs, ys;
-  xs.reserve(idx.size());
-  ys.reserve(idx.size());
-  for (auto i : idx) {
-    auto ex = s.dataset->get(i);
-    xs.push_back(std::move(ex.data));
-    ys.push_back(std::move(ex.target));
+  struct sentinel {};
+  class iterator {
+   public:
+    using value_type = cohort::batch;
+    using difference_type = std::ptrdiff_t;
+    explicit iterator(epoch_range* r) : r_(r) { r_->advance(); }
+    cohort::batch& operator*() const { return *r_->current_; }
+    cohort::batch* operator->() const { return &*r_->current_; }
+    iterator& operator++() {
+      r_->advance();
+      return *this;
+    }
+    void operator++(int) { r_->advance(); }
+    bool done() const { return !r_->current_; }
+    friend bool operator==(iterator const& it, sentinel) { return it.done(); }
+
+   private:
+    epoch_range* r_;
+  };
+  iterator begin() {
+    start();
+    return iterator(this);
   }
-  return {torch::stack(xs), torch::stack(ys)};
-}
+  sentinel end() const { return {}; }
+
+ private:
+  friend class iterator;
+  using reader_type = decltype(detail::open_reader(std::declval<Source const&>(), std::vector<std::size_t>{}, 0));
+
+  /// A batch made by a worker, or why it could not be.
+  struct made_batch {
+    std::optional<cohort::batch> made;
+    std::string error;
+  };
+
+  void start() {
+    auto& l = *loader_;
+    auto order = l.order_of_current_epoch();
+    order_size_ = order.size();
+    total_ = l.batches_in(order_size_);  // not batches_per_epoch(): the order is computed once
+    next_fetch_ = l.state_.position;
+    reader_.emplace(detail::open_reader(l.source_, std::move(order),
+                                        std::min(order_size_, static_cast<std::size_t>(next_fetch_ * l.options_.batch_size))));
+    std::size_t const threads = l.options_.num_workers > 0 ? l.options_.num_workers : (l.options_.prefetch_batches > 0 ? 1 : 0);
+    capacity_ = std::max<std::size_t>({l.options_.prefetch_batches, l.options_.num_workers, 1});
+    for (std::size_t k = 0; k < threads; ++k) workers_.emplace_back([this] { work(); });
+  }
+
+  auto fetch(std::int64_t b) {
+    auto& l = *loader_;
+    auto lo = static_cast<std::size_t>(b * l.options_.batch_size);
+    auto hi = std::min(order_size_, lo + static_cast<std::size_t>(l.options_.batch_size));
+    return reader_->fetch(lo, hi);
+  }
+
+  template <class Raw>
+  cohort::batch decode(Raw&& raw) const {
+    auto& l = *loader_;
+    auto out = detail::decode(l.source_, std::forward<Raw>(raw));
+    if (l.device_.kind == device_kind::cuda) {  // pinned host memory, then an asynchronous copy
+      out.inputs = out.inputs.pin_memory();
+      out.targets = out.targets.pin_memory();
+    }
+    return out;
+  }
+
+  void work() {
+    cohort::detail::begin_background_thread("cohort-loader");
+    // The rank's GPU current on this thread too: pinning memory here otherwise makes a CUDA
+    // context on GPU 0, one per rank of a node.
+    std::optional<c10::DeviceGuard> on_device;
+    if (loader_->device_.kind == device_kind::cuda) on_device.emplace(to_torch(loader_->device_));
+    for (;;) {
+      std::int64_t b = 0;
+      made_batch out;
+      std::optional<decltype(fetch(0))> raw;
+      {
+        std::lock_guard fetching(fetch_mutex_);  // the reader is read in batch order, by one worker at a time
+        {
+          std::unique_lock lock(mutex_);
+          space_.wait(lock, [&] {
+            return stop_ || next_fetch_ >= total_ || next_fetch_ < loader_->state_.position + static_cast<std::int64_t>(capacity_);
+          });
+          if (stop_ || next_fetch_ >= total_) return;
+          b = next_fetch_++;
+        }
+        try {
+          raw.emplace(fetch(b));
+        } catch (std::exception const& e) {
+          out.error = e.what();
+        }
+      }
+      if (raw) try {
+          out.made = decode(std::move(*raw));
+        } catch (std::exception const& e) {
+          out.error = e.what();
+        }
+      {
+        std::lock_guard lock(mutex_);
+        made_.emplace(b, std::move(out));
+      }
+      ready_.notify_all();
+    }
+  }
+
+  void advance() {
+    auto& l = *loader_;
+    current_.reset();
+    auto const t0 = std::chrono::steady_clock::now();
+    if (l.state_.position >= total_) {
+      l.state_.epoch += 1;
+      l.state_.position = 0;
+      l.state_.epoch_offset = l.state_.epoch_end = 0;
+      l.state_.epoch_world_size = l.state_.world_size;
+      return;
+    }
+    if (!workers_.empty()) {
+      std::unique_lock lock(mutex_);
+      ready_.wait(lock, [&] { return made_.count(l.state_.position) > 0; });
+      auto node = made_.extract(l.state_.position);
+      lock.unlock();
+      if (!node.mapped().made) throw cohort::error("data loader: " + node.mapped().error);
+      current_ = std::move(node.mapped().made);
+    } else {
+      current_ = decode(fetch(l.state_.position));
+    }
+    {
+      std::lock_guard lock(mutex_);
+      ++l.state_.position;  // handed out: a state saved while it is in use resumes after it
+    }
+    space_.notify_all();
+    ++l.stats_.batches;
+    l.stats_.skipped_samples += current_->skipped_samples;
+    l.stats_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (l.device_.kind == device_kind::cuda) {
+      current_->inputs = current_->inputs.to(to_torch(l.device_), /*non_blocking=*/true);
+      current_->targets = current_->targets.to(to_torch(l.device_), /*non_blocking=*/true);
+    }
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    space_.notify_all();
+    for (auto& w : workers_) w.join();
+    workers_.clear();
+  }
+
+  data_loader* loader_;
+  std::optional<reader_type> reader_;
+  std::size_t order_size_ = 0;
+  std::int64_t total_ = 0;
+  std::int64_t next_fetch_ = 0;  // the next batch a worker takes
+  std::size_t capacity_ = 1;     // batches made ahead of the one handed out, at most
+  std::optional<cohort::batch> current_;
+  std::vector<std::thread> workers_;
+  std::mutex fetch_mutex_, mutex_;
+  std::condition_variable ready_, space_;
+  std::map<std::int64_t, made_batch> made_;
+  bool stop_ = false;
+};
 
 /// Ray's prepare_data_loader: an existing torch::data dataset as this rank's sharded,
 /// prefetching loader, sharded by the trainer's policy, batches on the rank's device.
@@ -492,29 +369,6 @@ data_loader<torch_data_source<Dataset>> prepare_data_loader(context const& ctx, 
           ctx.device(), ctx.sharding_seed()};
 }
 
-namespace detail {
-
-/// A tensor dataset read as a stream (what `ctx.dataset_shard` loads it through).
-struct tensor_stream final : stream_dataset::source {
-  explicit tensor_stream(tensor_dataset d) : data(std::move(d)) {}
-  struct reader final : stream_dataset::reader {
-    tensor_dataset const* data;
-    std::vector<std::size_t> order;
-    std::function<batch()> fetch(std::size_t lo, std::size_t hi) override {
-      return [d = data, idx = index_reader{order}.fetch(lo, hi)] { return gather(*d, idx); };
-    }
-  };
-  std::size_t size() const override { return data.size(); }
-  std::unique_ptr<stream_dataset::reader> open(std::vector<std::size_t> order, std::size_t) const override {
-    auto r = std::make_unique<reader>();
-    r->data = &data;
-    r->order = std::move(order);
-    return r;
-  }
-  tensor_dataset data;
-};
-
-}  // namespace detail
 
 /// This rank's loader of `stream`: dealt by the dataset's own policy when it brings one (a shard
 /// dataset), else by the trainer's (ctx.sharding()).

@@ -13,7 +13,8 @@
 /// batch)` (cohort::validate_step_part), `cohort::on_epoch_end(f)` (a hook that may stop
 /// training early), `cohort::lr_schedule(f)` (a learning-rate scheduler stepped every epoch), and
 /// `cohort::train_data(d)` / `cohort::validation_data(d)` (a torch::data dataset or a
-/// cohort::tensor_dataset held by the loop instead of the trainer's named datasets).
+/// cohort::tensor_dataset held by the loop instead of the trainer's named datasets). The knobs,
+/// the state a step sees and the parts are in torch/fit_parts.hpp.
 
 #include <torch/torch.h>
 
@@ -40,141 +41,19 @@
 #include "cohort/torch/autocast.hpp"
 #include "cohort/torch/checkpoint_state.hpp"
 #include "cohort/torch/data_loader.hpp"
+#include "cohort/torch/fit_parts.hpp"
 #include "cohort/torch/grad_scaler.hpp"
 #include "cohort/torch/prepare_model.hpp"
 
 namespace cohort {
 
-/// The precision of fit_loop's forward pass and loss (fit_options::precision). Parameters,
-/// gradients and the optimizer stay float32 in every mode (Python's torch.autocast).
-enum class mixed_precision {
-  off,       ///< float32 throughout
-  bfloat16,  ///< forward and loss under cohort::autocast in bfloat16, on the CPU or CUDA
-  float16,   ///< forward and loss under autocast in float16 (CUDA only), with loss scaling (cohort::grad_scaler)
-};
-
-/// The knobs of cohort::fit_loop.
-struct fit_options {
-  std::int64_t batch_size = 32;               ///< training samples per batch on each rank
-  std::int64_t epochs = 1;                    ///< epochs in all (a resumed run trains the rest)
-  std::size_t prefetch_batches = 2;           ///< batches made ahead by a background thread (0: none)
-  std::size_t num_workers = 0;                ///< threads making (decoding) training batches in parallel (loader_options)
-  std::string train = "train";                ///< the trainer's dataset to train on (cohort::datasets)
-  std::string validation{};                   ///< the trainer's dataset to validate on (empty: no validation)
-  std::string validation_prefix = "val";      ///< validation metrics are <prefix>_loss and <prefix>_accuracy
-  std::int64_t validation_batch_size = 128;   ///< samples per validation batch
-  mixed_precision precision = mixed_precision::off;  ///< forward and loss under cohort::autocast in this precision
-  /// Dynamic loss scaling (cohort::grad_scaler: scale the loss, unscale before clipping, skip a
-  /// step whose gradients are inf or NaN, scale kept in the checkpoint). Empty: on with float16
-  /// with GradScaler's defaults, off otherwise; given: on with these knobs (`.enabled = false`: off).
-  std::optional<grad_scaler_options> loss_scaling{};
-  double max_grad_norm = 0;                   ///< clip the gradients' total 2-norm to this before each step (0: no clipping)
-  bool accuracy = true;                       ///< also report accuracy: argmax of the output vs the target
-  std::int64_t checkpoint_every_epochs = 1;   ///< a checkpoint with every n-th epoch's report (0: none)
-};
-
-/// What a step adds to its epoch's metrics, summed over the batch's samples.
-struct step_metrics {
-  double loss_sum = 0;       ///< the loss summed over the samples (the mean loss times `samples`)
-  std::int64_t correct = 0;  ///< samples whose argmax output is the target (with fit_options::accuracy)
-  std::int64_t samples = 0;  ///< samples in the batch
-};
-
-/// What a step sees of the loop: the context, the prepared model, the optimizer, the loss and the
-/// options, the epoch being run, and the loss scaler (null without loss scaling).
-template <class Model, class Optimizer, class Loss>
-struct fit_state {
-  context& ctx;
-  Model& model;
-  Optimizer& optimizer;
-  Loss& loss;
-  fit_options const& options;
-  std::int64_t epoch = 0;
-  grad_scaler* scaler = nullptr;  ///< fit_options::loss_scaling's; a train_step part scales with it too
-};
-
-/// A part that replaces the training step: `train_step(state, batch)` runs forward, backward and
-/// the optimizer step on one batch and returns its step_metrics.
-template <class P, class State>
-concept train_step_part = requires(P& p, State& s, batch& b) {
-  { p.train_step(s, b) } -> std::convertible_to<step_metrics>;
-};
-
-/// A part that replaces the validation step: `validate_step(state, batch)` scores one batch
-/// (the model is in eval mode, gradients off) and returns its step_metrics.
-template <class P, class State>
-concept validate_step_part = requires(P& p, State& s, batch& b) {
-  { p.validate_step(s, b) } -> std::convertible_to<step_metrics>;
-};
-
-/// A hook called after every epoch on every rank with the epoch's metrics (the whole job's,
-/// the same on every rank), before they are reported: it may add metrics, and returns void or a
-/// bool, true to stop training after this epoch (early stopping).
-template <class F>
-concept epoch_end_hook = std::invocable<F&, context&, nlohmann::json&> &&
-                         (std::is_void_v<std::invoke_result_t<F&, context&, nlohmann::json&>> ||
-                          std::same_as<std::invoke_result_t<F&, context&, nlohmann::json&>, bool>);
-
-/// cohort::on_epoch_end(f)'s part.
-template <class F>
-struct epoch_end_part {
-  F hook;
-};
-/// A fit_loop part: `f(ctx, metrics)` after every epoch (see cohort::epoch_end_hook).
-template <epoch_end_hook F>
-epoch_end_part<F> on_epoch_end(F f) {
-  return {std::move(f)};
-}
-
-/// A learning-rate scheduler factory: `f(optimizer)` returns an object with `step()`, stepped
-/// once after every epoch, as a hand-written LibTorch loop would (LibTorch's torch::optim::StepLR,
-/// or any such type). LibTorch's StepLR leaves its first step() a no-op, where PyTorch's takes
-/// that step in its constructor: StepLR(o, 1, 0.5) halves the rate from the third epoch on.
-template <class F>
-concept lr_scheduler_factory = std::invocable<F&, torch::optim::Optimizer&> &&
-                               requires(std::invoke_result_t<F&, torch::optim::Optimizer&>& s) { s.step(); };
-
-/// cohort::lr_schedule(f)'s part.
-template <class F>
-struct lr_schedule_part {
-  F make;
-};
-/// A fit_loop part: the learning rate scheduled by `f(optimizer)` (see cohort::lr_scheduler_factory).
-template <lr_scheduler_factory F>
-lr_schedule_part<F> lr_schedule(F f) {
-  return {std::move(f)};
-}
-
-/// cohort::train_data(d)'s part.
-template <class D>
-struct train_data_part {
-  D dataset;
-};
-/// cohort::validation_data(d)'s part.
-template <class D>
-struct validation_data_part {
-  D dataset;
-};
-/// A fit_loop part: train on `d` (a torch::data dataset or a cohort::tensor_dataset, sharded by
-/// the trainer's policy, or a cohort::shard_dataset, dealt by its own) instead of the trainer's
-/// dataset fit_options::train.
-template <class D>
-train_data_part<D> train_data(D d) {
-  return {std::move(d)};
-}
-/// A fit_loop part: validate on `d` (a torch::data dataset or a cohort::tensor_dataset) instead
-/// of the trainer's dataset fit_options::validation.
-template <class D>
-validation_data_part<D> validation_data(D d) {
-  return {std::move(d)};
-}
-
 namespace detail {
 
-template <class T, template <class> class Tpl>
-struct is_instance : std::false_type {};
-template <class A, template <class> class Tpl>
-struct is_instance<Tpl<A>, Tpl> : std::true_type {};
+/// Whether `P` is a fit_loop part tagged `Tag` (loop_part).
+template <class P, class Tag>
+struct is_part : std::false_type {};
+template <class Tag, class T>
+struct is_part<loop_part<Tag, T>, Tag> : std::true_type {};
 
 /// The config type of a fit_loop: the second parameter the optimizer factory declares, else
 /// the one the model factory declares, else nlohmann::json.
@@ -286,10 +165,10 @@ class fit_loop {
  private:
   template <class P>
   static constexpr int part_kinds = int(train_step_part<P, state_type>) + int(validate_step_part<P, state_type>) +
-                                    int(detail::is_instance<P, epoch_end_part>::value) +
-                                    int(detail::is_instance<P, lr_schedule_part>::value) +
-                                    int(detail::is_instance<P, train_data_part>::value) +
-                                    int(detail::is_instance<P, validation_data_part>::value);
+                                    int(detail::is_part<P, epoch_end_tag>::value) +
+                                    int(detail::is_part<P, lr_schedule_tag>::value) +
+                                    int(detail::is_part<P, train_data_tag>::value) +
+                                    int(detail::is_part<P, validation_data_tag>::value);
   static_assert(std::derived_from<optimizer_type, torch::optim::Optimizer>,
                 "cohort::fit_loop: the optimizer factory must return a torch::optim optimizer (e.g. torch::optim::SGD)");
   static_assert(((part_kinds<Parts> >= 1) && ...),
@@ -332,25 +211,25 @@ class fit_loop {
     else return options_;
   }
 
-  template <template <class> class Tpl>
-  static constexpr bool has_part = (detail::is_instance<Parts, Tpl>::value || ...);
+  template <class Tag>
+  static constexpr bool has_part = (detail::is_part<Parts, Tag>::value || ...);
 
-  /// The first part that is an instance of `Tpl`.
-  template <template <class> class Tpl>
+  /// What the first part tagged `Tag` holds.
+  template <class Tag>
   auto& part() {
-    return std::get<first_index<Tpl>()>(parts_);
+    return std::get<first_index<Tag>()>(parts_).value;
   }
-  template <template <class> class Tpl>
+  template <class Tag>
   static constexpr std::size_t first_index() {
     std::size_t i = 0;
     bool found = false;
-    ((found = found || detail::is_instance<Parts, Tpl>::value, i += found ? 0 : 1), ...);
+    ((found = found || detail::is_part<Parts, Tag>::value, i += found ? 0 : 1), ...);
     return i;
   }
   template <class F>
   void with_train_loader(context& ctx, loader_options const& lo, fit_options const& options, F&& f) {
-    if constexpr (has_part<train_data_part>) {
-      auto const& d = part<train_data_part>().dataset;
+    if constexpr (has_part<train_data_tag>) {
+      auto const& d = part<train_data_tag>();
       using D = std::remove_cvref_t<decltype(d)>;
       if constexpr (std::is_same_v<D, tensor_dataset>) {
         data_loader<tensor_dataset> loader(d, ctx.sharding(), lo, ctx.device(), ctx.sharding_seed());
@@ -491,7 +370,7 @@ class fit_loop {
   }
 
   bool has_validation(fit_options const& options) const {
-    return has_part<validation_data_part> || !options.validation.empty();
+    return has_part<validation_data_tag> || !options.validation.empty();
   }
 
   /// This rank's contiguous slice of the validation set, scored in eval mode without gradients.
@@ -507,8 +386,8 @@ class fit_loop {
       detail::for_each_slice_batch(source, lo, hi, state.options.validation_batch_size, ctx.device(),
                                    [&](batch& b) { add(total, validate_step(state, b)); });
     };
-    if constexpr (has_part<validation_data_part>) {
-      auto const& d = part<validation_data_part>().dataset;
+    if constexpr (has_part<validation_data_tag>) {
+      auto const& d = part<validation_data_tag>();
       using D = std::remove_cvref_t<decltype(d)>;
       if constexpr (std::is_same_v<D, tensor_dataset>) over(d);
       else over(torch_data_source<D>{std::make_shared<D>(d)});
@@ -527,15 +406,15 @@ class fit_loop {
   }
   template <class P>
   static void call_hook(context& ctx, nlohmann::json& metrics, P& p, std::int32_t& stop) {
-    if constexpr (detail::is_instance<P, epoch_end_part>::value) {
-      if constexpr (std::is_void_v<std::invoke_result_t<decltype(p.hook)&, context&, nlohmann::json&>>) p.hook(ctx, metrics);
-      else if (p.hook(ctx, metrics)) stop = 1;
+    if constexpr (detail::is_part<P, epoch_end_tag>::value) {
+      if constexpr (std::is_void_v<std::invoke_result_t<decltype(p.value)&, context&, nlohmann::json&>>) p.value(ctx, metrics);
+      else if (p.value(ctx, metrics)) stop = 1;
     }
   }
 
   auto make_scheduler(optimizer_type& optimizer) {
-    if constexpr (has_part<lr_schedule_part>) {
-      return std::make_optional(part<lr_schedule_part>().make(static_cast<torch::optim::Optimizer&>(optimizer)));
+    if constexpr (has_part<lr_schedule_tag>) {
+      return std::make_optional(part<lr_schedule_tag>()(static_cast<torch::optim::Optimizer&>(optimizer)));
     } else {
       return 0;
     }

@@ -34,81 +34,17 @@
 #include "cohort/tuning/experiment_state.hpp"
 #include "cohort/tuning/result_grid.hpp"
 #include "cohort/tuning/search_space.hpp"
+#include "cohort/tuning/trial_directories.hpp"
+#include "cohort/tuning/trial_events.hpp"
+#include "cohort/tuning/trial_roster.hpp"
 #include "cohort/tuning/tune_config.hpp"
 
 namespace cohort::tuning::detail {
 
-/// The id of the n-th trial: trial_00000, trial_00001, ...
-inline std::string trial_id(std::size_t n) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "trial_%05zu", n);
-  return buf;
-}
-
-/// PBT: copies the latest good checkpoint of trial `donor` into trial `into`'s directory (the
-/// donor's retention may delete its own copy at any time) as exploit_<n>_<donor>_<name>, `n`
-/// the experiment's count of clones (`clones`, advanced first), and returns the copy's path;
-/// nothing when the donor has none (`clones` unchanged) or the copy fails.
-inline std::optional<std::string> clone_checkpoint(std::filesystem::path const& exp, std::string const& donor,
-                                                   std::string const& into, std::size_t& clones) {
-  auto from = cohort::checkpointing::latest_good(exp / donor);
-  if (!from) return std::nullopt;
-  auto dest = exp / into / ("exploit_" + std::to_string(++clones) + "_" + donor + "_" + from->path().filename().string());
-  std::error_code ec;
-  std::filesystem::create_directories(dest.parent_path(), ec);
-  std::filesystem::copy(from->path(), dest, std::filesystem::copy_options::recursive, ec);
-  if (ec || cohort::checkpointing::verify(dest)) {
-    std::filesystem::remove_all(dest, ec);
-    return std::nullopt;
-  }
-  return dest.string();
-}
-
-/// PBT: the committed checkpoints of a trial that continues from a donor's belong to the
-/// abandoned lineage: kept, moved under its superseded/ (suffixed _<n>).
-inline void supersede_checkpoints(std::filesystem::path const& trial_dir, std::size_t n) {
-  std::error_code ec;
-  auto old = cohort::checkpointing::committed(trial_dir);
-  if (!old.empty()) std::filesystem::create_directories(trial_dir / "superseded", ec);
-  for (auto const& dir : old)
-    std::filesystem::rename(dir, trial_dir / "superseded" / (dir.filename().string() + "_" + std::to_string(n)), ec);
-}
-
-/// On resuming: the trial directories of `exp` that experiment_state.json does not list (begun
-/// after its last write; the searcher suggests them again under the same ids).
-template <class Known>
-std::set<std::string> unlisted_trials(std::filesystem::path const& exp, Known const& known) {
-  std::set<std::string> out;
-  std::error_code ec;
-  for (auto const& entry : std::filesystem::directory_iterator(exp, ec)) {
-    auto name = entry.path().filename().string();
-    if (name.rfind("trial_", 0) == 0 && name.size() == 11 && !known.contains(name)) out.insert(name);
-  }
-  return out;
-}
-
-/// Whether the unlisted trial directory `dir` is the one of a trial suggested again with
-/// `config`: its params.json holds exactly that config. Then the trial resumes in it, from its
-/// latest checkpoint (the trainer's own resume), instead of starting over.
-inline bool same_trial(std::filesystem::path const& dir, nlohmann::json const& config) {
-  std::ifstream in(dir / "params.json", std::ios::binary);
-  auto const params = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  return !params.is_discarded() && params == config;
-}
-
-/// Moves a trial directory aside as <id><why><time> (kept, not deleted), if it exists.
-inline void set_aside(std::filesystem::path const& exp, std::string const& id, char const* why) {
-  std::error_code ec;
-  if (std::filesystem::exists(exp / id, ec)) std::filesystem::rename(exp / id, exp / (id + why + cohort::detail::utc_stamp()), ec);
-}
-/// Moves an unlisted trial directory that is not resumed aside as <id>.orphaned_<time> (kept, not
-/// deleted): its checkpoints may belong to another config.
-inline void set_aside_orphan(std::filesystem::path const& exp, std::string const& id) { set_aside(exp, id, ".orphaned_"); }
-
 /// The trials of one experiment in the directory `exp`, at most `concurrent` of them running at
 /// once, and the searcher, scheduler and stoppers that decide about them. Messages in and out are
 /// the JSON the trial groups exchange with the coordinator (messages.hpp): an assignment
-/// {"trial_id", "config", "restore_from"} or {"done": true}; a result {"trial_id", "row"} answered
+/// {"trial_id", "config", "restore_from", "num_failures"} or {"done": true}; a result {"trial_id", "row"} answered
 /// with {"what": proceed|stop|pause|exploit|preempt|error}; a completion {"trial_id", "outcome"}.
 template <class Searcher, class Scheduler, class Stoppers>
 class trial_book {
@@ -116,7 +52,10 @@ class trial_book {
   trial_book(Searcher searcher, Scheduler scheduler, Stoppers stoppers, tune_config cfg, std::filesystem::path exp,
              std::size_t concurrent)
       : searcher_(std::move(searcher)), scheduler_(std::move(scheduler)), stoppers_(std::move(stoppers)),
-        cfg_(std::move(cfg)), exp_(std::move(exp)), concurrent_(concurrent) {}
+        cfg_(std::move(cfg)), exp_(exp), concurrent_(concurrent), roster_(std::move(exp)),
+        feed_(cfg_.reproducible, [this](std::string const& why) { fail(why); }) {}
+  trial_book(trial_book const&) = delete;  // feed_ reports to this book
+  trial_book& operator=(trial_book const&) = delete;
 
   /// Sets up the searcher and scheduler, and restores an interrupted experiment from
   /// experiment_state.json when there is one. Throws cohort::error on bad input.
@@ -142,22 +81,21 @@ class trial_book {
       }
       t.history = read_result_rows(exp_ / t.id);
       if (errored_again) drop_rows_after_checkpoint(t);
+      auto const status = t.status;
+      auto& added = roster_.add(std::move(t));
       if (unfinished && !cfg_.resume_unfinished) {
-        ended.push_back(t.id);
-      } else if (t.status == "RUNNING" || t.status == "PENDING" || errored_again) {
-        if (errored_again) rejoined.push_back(t.id);
-        t.status = "PENDING";
-        t.error.clear();
-        queue_.push_back(t.id);
-      } else if (t.status == "PAUSED") {
-        paused_.push_back(t.id);
+        ended.push_back(added.id);
+      } else if (status == "RUNNING" || status == "PENDING" || errored_again) {
+        if (errored_again) rejoined.push_back(added.id);
+        added.error.clear();
+        roster_.queue_last(added);
+      } else if (status == "PAUSED") {
+        roster_.pause(added);
       }
-      order_.push_back(t.id);
-      trials_.emplace(t.id, std::move(t));
     }
-    for (auto const& id : ended) terminate(trials_.at(id));
-    for (auto const& id : rejoined) safely([&] { scheduler_.on_trial_add(id, trials_.at(id).config); });
-    unlisted_ = unlisted_trials(exp_, trials_);
+    for (auto const& id : ended) terminate(roster_.at(id));
+    for (auto const& id : rejoined) safely([&] { scheduler_.on_trial_add(id, roster_.at(id).config); });
+    unlisted_ = unlisted_trials(exp_, roster_);
     restored_ = true;
     if (exhausted_) mark_exhausted();
     else apply_paused_decisions();  // decisions saved before the interruption
@@ -165,7 +103,7 @@ class trial_book {
 
   /// Rank 0's callbacks (report/callbacks.hpp), told of every trial's start, results,
   /// checkpoints and end from here on; null for none. Outlives the book's use of it.
-  void set_callbacks(report::callback_runner* callbacks) { callbacks_ = callbacks; }
+  void set_callbacks(report::callback_runner* callbacks) { callbacks_ = {.runner = callbacks, .exp = exp_}; }
 
   /// Whether start() restored an interrupted experiment.
   bool restored() const { return restored_; }
@@ -175,20 +113,20 @@ class trial_book {
 
   /// The next trial for a free group, {"done": true} when there will be none, or nothing yet.
   std::optional<nlohmann::json> assignment() {
-    if (running_ < concurrent_ && fatal_.empty() && !stopping_) {
+    if (roster_.running() < concurrent_ && fatal_.empty() && !stopping_) {
       auto id = next_to_run();
       if (id && fatal_.empty()) {
-        auto& t = trials_.at(*id);
-        t.status = "RUNNING";
-        ++running_;
+        auto& t = roster_.at(*id);
+        roster_.run(t);
         dirty_ = true;
         if (!t.restore_from.empty() && !cohort::checkpointing::committed(exp_ / t.id).empty()) t.restore_from.clear();
-        if (callbacks_) tell_start(t);
-        return nlohmann::json{{"trial_id", t.id}, {"config", t.config}, {"restore_from", t.restore_from}};
+        if (callbacks_) callbacks_.start(t);
+        return nlohmann::json{
+            {"trial_id", t.id}, {"config", t.config}, {"restore_from", t.restore_from}, {"num_failures", t.failures}};
       }
     }
-    bool const more = fatal_.empty() && !stopping_ && (!queue_.empty() || !paused_.empty() || !exhausted_);
-    if (running_ == 0 && !more) return nlohmann::json{{"done", true}};
+    bool const more = fatal_.empty() && !stopping_ && (!roster_.nothing_queued() || !roster_.nothing_paused() || !exhausted_);
+    if (roster_.running() == 0 && !more) return nlohmann::json{{"done", true}};
     return std::nullopt;
   }
 
@@ -227,11 +165,11 @@ class trial_book {
 
   /// A result of a running trial: the stoppers and the scheduler decide what it does next.
   nlohmann::json on_result(nlohmann::json msg) {
-    auto& t = trials_.at(msg.at("trial_id").get<std::string>());
+    auto& t = roster_.at(msg.at("trial_id").get<std::string>());
     t.history.push_back(std::move(msg.at("row")));
     auto const& row = t.history.back();
     dirty_ = true;
-    if (callbacks_) tell_result(t);
+    if (callbacks_) callbacks_.result(t);
     if constexpr (requires(Searcher& s) { s.on_trial_result(t.id, row); })  // BOHB: results at milestones
       tell_searcher(t, searcher_event::result, row);
     if (!preempted_.empty()) return {{"what", "preempt"}};  // every running trial stops, resumable
@@ -254,7 +192,7 @@ class trial_book {
         return {{"what", "stop"}};
       case decision::pause:
         // A trial resumed after a pause with nothing else to run would be paused forever.
-        if (t.resumed_after_pause && running_ <= 1 && queue_.empty()) return {{"what", "proceed"}};
+        if (t.resumed_after_pause && roster_.running() <= 1 && roster_.nothing_queued()) return {{"what", "proceed"}};
         return {{"what", "pause"}};
       case decision::exploit:
         return exploit(t, std::move(d));
@@ -264,9 +202,9 @@ class trial_book {
 
   /// A trial ended (its group sends the outcome: done, error, pause, exploit, preempted).
   void on_complete(nlohmann::json const& msg) {
-    auto& t = trials_.at(msg.at("trial_id").get<std::string>());
+    auto& t = roster_.at(msg.at("trial_id").get<std::string>());
     auto const outcome = msg.at("outcome").get<std::string>();
-    --running_;
+    roster_.finished_running();
     dirty_ = true;
     if (outcome == "error" && retry(t, msg.value("error", std::string("failed")))) {
       // runs again from its latest checkpoint: the searcher and scheduler see one trial going on
@@ -274,15 +212,14 @@ class trial_book {
       t.status = "ERROR";
       t.error = msg.value("error", std::string("failed"));
       if (callbacks_) {
-        tell_checkpoints(t);
-        callbacks_->trial_error(t.id, t.error);
+        callbacks_.checkpoints(t);
+        callbacks_.runner->trial_error(t.id, t.error);
       }
       tell_searcher(t, searcher_event::complete, nlohmann::json());
       safely([&] { scheduler_.on_trial_complete(t.id, t.last()); });
     } else if (outcome == "preempted" || outcome == "preempt") {
       // SIGTERM/SIGINT: the trial committed its checkpoint; it resumes when the experiment is rerun.
-      t.status = "PENDING";
-      queue_.push_front(t.id);
+      roster_.queue_first(t);
       stopping_ = true;
       if (preempted_.empty()) preempted_ = msg.value("error", std::string("stopped by a signal"));
     } else if (outcome == "pause") {
@@ -293,11 +230,9 @@ class trial_book {
       } else if (exploit_when_paused_.erase(t.id)) {
         continue_from_donor(t);  // the donor's checkpoint was cloned when it was decided
       } else if (resume_when_paused_.erase(t.id)) {
-        t.status = "PENDING";
-        queue_.push_back(t.id);
+        roster_.queue_last(t);
       } else {
-        t.status = "PAUSED";
-        paused_.push_back(t.id);
+        roster_.pause(t);
       }
     } else if (outcome == "exploit" && t.exploit) {
       continue_from_donor(t);
@@ -328,8 +263,7 @@ class trial_book {
                                    : kept.back().filename().string()) +
                      "\n"
               << std::flush;
-    t.status = "PENDING";
-    queue_.push_front(t.id);
+    roster_.queue_first(t);
     return true;
   }
 
@@ -372,53 +306,19 @@ class trial_book {
   double elapsed_s() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
 
   /// Every trial, in creation order, as the status table and trials.csv show it.
-  std::vector<report::trial_row> rows() const {
-    std::vector<report::trial_row> out;
-    for (auto const& id : order_) {
-      auto const& t = trials_.at(id);
-      out.push_back({t.id, t.status, t.config, t.last(), (exp_ / t.id).string(), t.error, t.failures});
-    }
-    return out;
-  }
-
+  std::vector<report::trial_row> rows() const { return roster_.rows(); }
   /// Every trial's results so far, in creation order (as rows()): a copy.
-  std::vector<std::vector<nlohmann::json>> histories() const {
-    std::vector<std::vector<nlohmann::json>> out;
-    out.reserve(order_.size());
-    for (auto const& id : order_) out.push_back(trials_.at(id).history);
-    return out;
-  }
+  std::vector<std::vector<nlohmann::json>> histories() const { return roster_.histories(); }
 
   /// experiment_state.json's contents (parse_experiment_state reads them back); clears dirty().
   nlohmann::json state() {
     dirty_ = false;
-    nlohmann::json trials = nlohmann::json::array();
-    for (auto const& id : order_) trials.push_back(trials_.at(id));
-    return {{"trials", trials}, {"searcher", searcher_.save_state()}, {"scheduler", scheduler_.save_state()},
+    return {{"trials", roster_.to_json()}, {"searcher", searcher_.save_state()}, {"scheduler", scheduler_.save_state()},
             {"next_trial", next_}, {"searcher_exhausted", exhausted_}};
   }
 
   /// At the end: every trial, in creation order, their histories moved out of the book.
-  std::vector<tuning::trial_result> take_trials() {
-    std::vector<tuning::trial_result> out;
-    out.reserve(order_.size());
-    for (auto const& id : order_) {
-      auto& t = trials_.at(id);
-      tuning::trial_result r;
-      r.id = t.id;
-      r.status = t.status;
-      r.config = t.config;
-      r.metrics = t.last();
-      r.metrics_history = std::move(t.history);
-      r.path = exp_ / t.id;
-      r.num_failures = t.failures;
-      if (!t.error.empty()) r.error = t.error;
-      for (auto const& dir : checkpointing::committed(r.path))
-        r.checkpoints.push_back({dir, cohort::checkpoint::from_directory(dir).metadata().value("metrics", nlohmann::json::object())});
-      out.push_back(std::move(r));
-    }
-    return out;
-  }
+  std::vector<tuning::trial_result> take_trials() { return roster_.take_results(); }
 
   /// Why the experiment did not finish (the error and whether it was preempted), as JSON.
   nlohmann::json outcome() const {
@@ -433,21 +333,16 @@ class trial_book {
   /// The trial to start next: a queued one, else a new one from the searcher, else (the searcher
   /// exhausted) a paused one. Nothing when there is none now.
   std::optional<std::string> next_to_run() {
-    if (!queue_.empty()) {
-      auto id = queue_.front();
-      queue_.pop_front();
-      return id;
-    }
+    if (auto id = roster_.take_queued()) return id;
     if (!exhausted_) {
       if (auto id = suggest()) return id;
-      if (!queue_.empty()) return next_to_run();  // the searcher's end let paused trials go on
+      if (!roster_.nothing_queued()) return next_to_run();  // the searcher's end let paused trials go on
     }
     // A paused trial waits for its scheduler's word where the scheduler gives one (HyperBand);
     // with nothing else running or queued, or a scheduler that gives none, the first resumes.
-    if (exhausted_ && !paused_.empty() && (!directs_paused || (running_ == 0 && queue_.empty()))) {
-      auto id = paused_.front();
-      paused_.pop_front();
-      trials_.at(id).resumed_after_pause = true;
+    if (exhausted_ && !roster_.nothing_paused() && (!directs_paused || (roster_.running() == 0 && roster_.nothing_queued()))) {
+      auto id = roster_.take_paused();
+      roster_.at(*id).resumed_after_pause = true;
       return id;
     }
     return std::nullopt;
@@ -481,8 +376,7 @@ class trial_book {
     } catch (std::exception const& e) {
       fail(std::string("the scheduler failed: ") + e.what());
     }
-    order_.push_back(t.id);
-    trials_.emplace(t.id, std::move(t));
+    roster_.add(std::move(t));
     return candidate;
   }
 
@@ -496,7 +390,7 @@ class trial_book {
       safely([&] { scheduler_.on_trial_add(t.id, t.config); });
       return {{"what", "proceed"}};
     }
-    d.config = d.config.is_null() ? trials_.at(d.donor).config : d.config;
+    d.config = d.config.is_null() ? roster_.at(d.donor).config : d.config;
     t.exploit = d;
     t.exploit->donor = *clone;
     return {{"what", "exploit"}};
@@ -508,8 +402,7 @@ class trial_book {
     t.config = t.exploit->config;
     t.restore_from = t.exploit->donor;
     t.exploit.reset();
-    t.status = "PENDING";
-    queue_.push_front(t.id);
+    roster_.queue_first(t);
   }
 
   /// A paused (or still pausing) trial the scheduler restarts from a donor (synchronous PBT):
@@ -547,51 +440,32 @@ class trial_book {
     if constexpr (directs_paused) {
       paused_decisions d;
       safely([&] { d = scheduler_.take_paused_decisions(); });
+      using line = trial_roster::line;
       for (auto const& id : d.stop) {
-        auto it = trials_.find(id);
-        if (it == trials_.end()) continue;
-        if (auto p = std::find(paused_.begin(), paused_.end(), id); p != paused_.end()) {
-          paused_.erase(p);
-          terminate(it->second);
-        } else if (auto q = std::find(queue_.begin(), queue_.end(), id); q != queue_.end()) {
-          queue_.erase(q);  // pausing when the experiment was interrupted: pending since
-          terminate(it->second);
-        } else if (it->second.status == "RUNNING") {
-          stop_when_paused_.insert(id);
-        }
+        auto* t = roster_.find(id);
+        if (!t) continue;
+        // Waiting (queued: pausing when the experiment was interrupted) ends now; running, once paused.
+        if (roster_.take_out(id) != line::none) terminate(*t);
+        else if (t->status == "RUNNING") stop_when_paused_.insert(id);
       }
       for (auto& [id, exploit] : d.exploit) {
-        auto it = trials_.find(id);
-        if (it == trials_.end()) continue;
-        auto& t = it->second;
-        bool const cloned = clone_for_restart(t, std::move(exploit));
-        if (auto p = std::find(paused_.begin(), paused_.end(), id); p != paused_.end()) {
-          paused_.erase(p);
-        } else if (auto q = std::find(queue_.begin(), queue_.end(), id); q != queue_.end()) {
-          queue_.erase(q);  // pausing when the experiment was interrupted: pending since
-        } else {
-          if (t.status != "RUNNING") continue;
+        auto* t = roster_.find(id);
+        if (!t) continue;
+        bool const cloned = clone_for_restart(*t, std::move(exploit));
+        if (roster_.take_out(id) == line::none) {
+          if (t->status != "RUNNING") continue;
           if (cloned) exploit_when_paused_.insert(id);
           else resume_when_paused_.insert(id);
           continue;
         }
-        if (cloned) {
-          continue_from_donor(t);
-        } else {
-          t.status = "PENDING";
-          queue_.push_back(id);
-        }
+        if (cloned) continue_from_donor(*t);
+        else roster_.queue_last(*t);
       }
       for (auto const& id : d.resume) {
-        auto it = trials_.find(id);
-        if (it == trials_.end()) continue;
-        if (auto p = std::find(paused_.begin(), paused_.end(), id); p != paused_.end()) {
-          paused_.erase(p);
-          it->second.status = "PENDING";
-          queue_.push_back(id);
-        } else if (it->second.status == "RUNNING") {
-          resume_when_paused_.insert(id);
-        }
+        auto* t = roster_.find(id);
+        if (!t) continue;
+        if (t->status == "PAUSED" && roster_.take_out(id) == line::paused) roster_.queue_last(*t);
+        else if (t->status == "RUNNING") resume_when_paused_.insert(id);
       }
       dirty_ = dirty_ || !d.stop.empty() || !d.resume.empty() || !d.exploit.empty();
     }
@@ -602,67 +476,17 @@ class trial_book {
     t.status = "TERMINATED";
     dirty_ = true;
     if (callbacks_) {
-      tell_checkpoints(t);
-      callbacks_->trial_complete(t.id);
+      callbacks_.checkpoints(t);
+      callbacks_.runner->trial_complete(t.id);
     }
     tell_searcher(t, searcher_event::complete, t.last());
     safely([&] { scheduler_.on_trial_complete(t.id, t.last()); });
   }
 
-  /// Callbacks: the trial starts, or goes on from a checkpoint (its own latest, or a donor's copy).
-  void tell_start(trial_state const& t) {
-    std::filesystem::path from = t.restore_from;
-    if (from.empty()) {
-      auto kept = cohort::checkpointing::committed(exp_ / t.id);
-      if (!kept.empty()) from = kept.back();
-    }
-    callbacks_->trial_start({.id = t.id, .config = t.config, .path = exp_ / t.id}, from);
-  }
-
-  /// Callbacks: a result, and the checkpoint it committed (sync checkpoints are committed before
-  /// the result is sent; async ones are found at the trial's end, tell_checkpoints).
-  void tell_result(trial_state& t) {
-    auto const& row = t.history.back();
-    callbacks_->trial_result(t.id, row);
-    auto const iteration = row.value("training_iteration", std::int64_t{0});
-    auto dir = exp_ / t.id / checkpointing::dir_name(iteration);
-    std::error_code ec;
-    if (iteration > t.told_checkpoint && std::filesystem::is_directory(dir, ec)) {
-      t.told_checkpoint = iteration;
-      callbacks_->checkpoint(t.id, std::move(dir));
-    }
-  }
-
-  /// Callbacks: the trial's committed checkpoints not told yet (async mode commits after the result).
-  void tell_checkpoints(trial_state& t) {
-    for (auto const& dir : cohort::checkpointing::committed(exp_ / t.id)) {
-      auto const iteration = std::stoll(dir.filename().string().substr(11));  // checkpoint_NNNNNN
-      if (iteration <= t.told_checkpoint) continue;
-      t.told_checkpoint = iteration;
-      callbacks_->checkpoint(t.id, dir);
-    }
-  }
-
-  enum class searcher_event { result, pause, complete };
-
-  /// Tells the searcher of a trial's result, pause or end: at once, or under
-  /// tune_config::reproducible kept until searcher_caught_up() hands them over in trial order.
+  /// Tells the searcher of a trial's result, pause or end (searcher_feed: at once, or under
+  /// tune_config::reproducible in trial order).
   void tell_searcher(trial_state const& t, searcher_event what, nlohmann::json const& row) {
-    if (cfg_.reproducible) {
-      searcher_events_[trial_number(t.id).value_or(0)].emplace_back(what, row);
-      return;
-    }
-    deliver_to_searcher(t.id, what, row);
-  }
-
-  void deliver_to_searcher(std::string const& id, searcher_event what, nlohmann::json const& row) {
-    if (what == searcher_event::complete) {
-      safely([&] { searcher_.on_trial_complete(id, row); });
-    } else if (what == searcher_event::pause) {
-      if constexpr (requires(Searcher& s) { s.on_trial_pause(id, row); }) safely([&] { searcher_.on_trial_pause(id, row); });
-    } else {
-      if constexpr (requires(Searcher& s) { s.on_trial_result(id, row); }) safely([&] { searcher_.on_trial_result(id, row); });
-    }
+    feed_.tell(searcher_, t.id, trial_number(t.id).value_or(0), what, row);
   }
 
   /// Under tune_config::reproducible, before suggesting trial next_: whether every trial below
@@ -675,33 +499,14 @@ class trial_book {
                     { s.trials_settled_before(next_) } -> std::convertible_to<std::size_t>;
                   })
       upto = std::min(upto, scheduler_.trials_settled_before(next_));
-    for (std::size_t j = told_upto_; j < upto; ++j) {
-      auto it = trials_.find(trial_id(j));
-      if (it != trials_.end() && it->second.status != "TERMINATED" && it->second.status != "ERROR") return false;
-    }
-    for (; told_upto_ < upto; ++told_upto_) {
-      auto ev = searcher_events_.find(told_upto_);
-      if (ev == searcher_events_.end()) continue;
-      for (auto const& [what, row] : ev->second) deliver_to_searcher(trial_id(told_upto_), what, row);
-      searcher_events_.erase(ev);
-    }
-    return true;
+    return feed_.catch_up(searcher_, upto, [&](std::string const& id) { return roster_.ended_or_absent(id); });
   }
 
   /// Under tune_config::reproducible: whether trial number `n`'s result at iteration `level` may
   /// be decided on, every earlier trial still running having reported that far (a retried trial
   /// waiting for a group excepted, and everything once the experiment stops).
   bool turn_of(std::size_t n, std::int64_t level) const {
-    if (stopping_ || !preempted_.empty()) return true;
-    for (auto const& id : order_) {
-      auto const j = trial_number(id).value_or(0);
-      if (j >= n) continue;
-      auto const& t = trials_.at(id);
-      if (t.status != "RUNNING") continue;
-      auto const reached = t.history.empty() ? std::int64_t{0} : t.history.back().value("training_iteration", std::int64_t{0});
-      if (reached < level) return false;
-    }
-    return true;
+    return stopping_ || !preempted_.empty() || roster_.running_before_reached(n, level);
   }
 
   template <class F>
@@ -719,22 +524,17 @@ class trial_book {
   tune_config cfg_;
   std::filesystem::path exp_;
   std::size_t concurrent_;
-  std::map<std::string, trial_state> trials_;
-  std::vector<std::string> order_;       ///< trial ids in creation order
-  std::deque<std::string> queue_, paused_;
+  trial_roster roster_;
   std::set<std::string> unlisted_;  ///< on restore: directories the state does not list, until suggested again
   std::set<std::string> stop_when_paused_, resume_when_paused_;  ///< decided while the trial was still pausing
   std::set<std::string> exploit_when_paused_;  ///< the same, for a restart from a donor (cloned: trial_state::exploit)
   std::set<std::string> failed_by_tuner_;  ///< trials the scheduler failed on: their error is not retried
-  /// tune_config::reproducible: results held for their turn, by trial number; the searcher's
-  /// events not handed over yet, by trial number; the trials below told_upto_ handed over.
-  std::map<std::size_t, nlohmann::json> held_;
-  std::map<std::size_t, std::vector<std::pair<searcher_event, nlohmann::json>>> searcher_events_;
-  std::size_t told_upto_ = 0;
-  std::size_t next_ = 0, running_ = 0, clones_ = 0;
+  std::map<std::size_t, nlohmann::json> held_;  ///< tune_config::reproducible: results held for their turn, by trial number
+  searcher_feed feed_;
+  std::size_t next_ = 0, clones_ = 0;
   bool exhausted_ = false, stopping_ = false, dirty_ = true, restored_ = false;
   std::string fatal_, preempted_;
-  report::callback_runner* callbacks_ = nullptr;
+  trial_callbacks callbacks_{};
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
