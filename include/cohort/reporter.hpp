@@ -48,7 +48,14 @@ struct stopped_by_tuner {
 
 /// What a tuner consults after every report (only rank 0 of the trial calls it): given the
 /// report's row, it answers {"what": "proceed" | "stop" | "pause" | "exploit" | "preempt", "error": "..."}.
-using report_listener = std::function<nlohmann::json(nlohmann::json const& row)>;
+struct report_listener {
+  /// Rank 0 calls it with each report's row; its answer (the tuner's decision) reaches every rank.
+  std::function<nlohmann::json(nlohmann::json const& row)> decide{};
+  /// Keys added to every row (the trial's attempt count, num_failures).
+  nlohmann::json row_keys = nlohmann::json::object();
+  /// Whether a tuner runs this fit as a trial.
+  explicit operator bool() const { return static_cast<bool>(decide); }
+};
 
 /// How one fit() reports on this rank.
 struct reporter_options {
@@ -90,6 +97,8 @@ class reporter {
   lockstep& steps() { return steps_; }
   /// Whether a tuner runs this fit as a trial.
   bool under_tuner() const { return static_cast<bool>(listener_); }
+  /// Keys the tuner adds to every row of a trial (recorder_options::row_keys).
+  nlohmann::json const& row_keys() const { return listener_.row_keys; }
   /// The rank's background worker: progress lines and async checkpoint writes.
   background_worker& worker() { return worker_; }
 
@@ -159,7 +168,7 @@ class reporter {
     nlohmann::json decision;
     if (rank_ == 0) {
       try {
-        decision = listener_(rows_.history().back());
+        decision = listener_.decide(rows_.history().back());
       } catch (std::exception const& e) {
         decision = {{"what", "error"}, {"error", e.what()}};
       }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -418,7 +419,23 @@ TEST_CASE("max_failures: a trial that throws runs again from its latest checkpoi
     std::string header;
     std::getline(csv, header);
     CHECK_THAT(header, contains_text("num_failures"));
+    // Each result.json row carries the attempt that wrote it: the last row of each iteration
+    // (a retry writes again the rows after its checkpoint) has 0 before the first failure, then 1, 2.
+    std::ifstream result(storage / "retried" / cohort::tuning::detail::trial_id(1) / "result.json");
+    std::map<int, int> failures_at;
+    std::size_t rows = 0;
+    for (std::string line; std::getline(result, line); ++rows) {
+      auto const row = nlohmann::json::parse(line);
+      REQUIRE(row.contains("num_failures"));
+      failures_at[row.at("training_iteration").get<int>()] = row.at("num_failures").get<int>();
+    }
+    CHECK(rows == 7);  // 1-3, then 3-5 again, then 5 again
+    CHECK(failures_at == std::map<int, int>{{1, 0}, {2, 0}, {3, 1}, {4, 1}, {5, 2}});
   }
+  std::vector<std::pair<int, int>> history_failures;  // the grid's history: each iteration once
+  for (auto const& row : retried.trials[1].metrics_history)
+    history_failures.emplace_back(row.at("training_iteration").get<int>(), row.at("num_failures").get<int>());
+  CHECK(history_failures == std::vector<std::pair<int, int>>{{1, 0}, {2, 0}, {3, 1}, {4, 1}, {5, 2}});
 
   auto [limited, limited_log] = fit("limited", 2, 1);  // a second failure is one too many
   REQUIRE(limited.ok());

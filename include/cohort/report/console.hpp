@@ -15,7 +15,8 @@ namespace cohort::report {
 /// Pure: the progress line for one report row, given flattened (its keys in flatten() order),
 /// e.g. `[cohort] fashion iter 3 (12.4 s): loss=0.3121 test_accuracy=0.9012`.
 inline std::string progress_line_of_flat(std::string const& name, flat_row const& flat) {
-  static char const* const auto_keys[] = {"training_iteration", "time_this_iter_s", "time_total_s", "timestamp"};
+  static char const* const auto_keys[] = {"training_iteration", "time_this_iter_s", "time_total_s", "timestamp",
+                                          "num_failures"};
   long long iteration = 0;
   double total_s = 0;
   for (auto const& [k, v] : flat) {

@@ -58,7 +58,7 @@ inline std::string html_escape(std::string_view s) {
 inline bool bookkeeping_key(std::string const& k) {
   static std::set<std::string> const keys{"training_iteration", "time_this_iter_s", "time_total_s", "timestamp",
                                           "trial_id", "done", "iterations_since_restore", "pid", "hostname",
-                                          "node_ip", "date"};
+                                          "node_ip", "date", "num_failures"};
   return keys.count(k) > 0 || k.rfind("config/", 0) == 0;
 }
 

@@ -31,6 +31,9 @@ struct recorder_options {
   bool tensorboard = false;    ///< a TensorBoard events file (run_config::tensorboard)
   bool last_row_only = false;  ///< keep only the last row in history() (a tuner keeps the history)
   bool hparams = false;        ///< the events file begins with an HParams session of `params` (a tuner's trial)
+  /// Keys added to every row, after the metrics and Ray's auto-filled keys (a tuner's trial: its
+  /// attempt count, num_failures).
+  nlohmann::json row_keys = nlohmann::json::object();
 };
 
 /// The rows of one fit()'s reports on one rank; see the file comment. Not thread-safe: the
@@ -62,6 +65,7 @@ class recorder {
   void open(std::filesystem::path const& path, nlohmann::json const& params, std::string name, recorder_options options) {
     name_ = std::move(name);
     last_row_only_ = options.last_row_only;
+    row_keys_ = std::move(options.row_keys);
     dir_.emplace(path, params);
     if (options.tensorboard) {  // no I/O until the first events
       events_.emplace(path, dir_->fresh() ? directory_age::just_created : directory_age::existing);
@@ -107,6 +111,7 @@ class recorder {
     metrics["time_this_iter_s"] = std::chrono::duration<double>(now - last_).count();
     metrics["time_total_s"] = std::chrono::duration<double>(now - start_).count();
     metrics["timestamp"] = static_cast<std::int64_t>(std::time(nullptr));
+    for (auto const& [k, v] : row_keys_.items()) metrics[k] = v;
     last_ = now;
     return metrics;
   }
@@ -157,6 +162,7 @@ class recorder {
   std::optional<run_directory> dir_;  ///< rank 0 only
   std::string name_;
   bool last_row_only_ = false;
+  nlohmann::json row_keys_ = nlohmann::json::object();  ///< recorder_options::row_keys
   std::optional<event_writer> events_;  ///< rank 0 with tensorboard: written on the worker
   std::string events_pending_;          ///< rank 0: encoded events not handed to the worker yet
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();

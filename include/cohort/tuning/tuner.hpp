@@ -256,7 +256,8 @@ class tuner {
       auto const id = assignment.at("trial_id").get<std::string>();
       trial_run.name = id;
       trial_run.resume_from_checkpoint = assignment.value("restore_from", std::string{});
-      auto r = run_trial(coord, assignment.at("config"), trial_run, comm, group, rank);
+      auto r = run_trial(coord, assignment.at("config"), trial_run, assignment.value("num_failures", std::size_t{0}), comm,
+                         group, rank);
       if (leader) {
         nlohmann::json msg{{"trial_id", id},
                            {"outcome", r.preempted ? "preempted" : r.error ? "error" : r.stopped.value_or("finished")}};
@@ -268,17 +269,20 @@ class tuner {
   }
 
   /// One trial on this rank's group: the trainer run with a listener that sends every report to
-  /// the coordinator and returns its decision. A signal that arrived between trials stops the
+  /// the coordinator and returns its decision, each row carrying the trial's `num_failures`. A signal that arrived between trials stops the
   /// experiment before this one starts (the trial stays pending); the trainer's own guard handles
   /// signals during the trial.
   cohort::result<void> run_trial(std::optional<coordinator_type>& coord, nlohmann::json const& config,
-                                 run_config const& trial_run, MPI_Comm comm, comm::mpi& group, int rank) {
-    cohort::detail::report_listener listener = [&, id = trial_run.name](nlohmann::json const& row) {
-      nlohmann::json msg{{"trial_id", id}, {"row", row}};
-      if (rank == 0) return coord->local_result(std::move(msg));
-      tuning::detail::send_json(comm, 0, tuning::detail::result_tag, msg);
-      return tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag);
-    };
+                                 run_config const& trial_run, std::size_t num_failures, MPI_Comm comm, comm::mpi& group,
+                                 int rank) {
+    cohort::detail::report_listener listener{
+        .decide = [&, id = trial_run.name](nlohmann::json const& row) {
+          nlohmann::json msg{{"trial_id", id}, {"row", row}};
+          if (rank == 0) return coord->local_result(std::move(msg));
+          tuning::detail::send_json(comm, 0, tuning::detail::result_tag, msg);
+          return tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag);
+        },
+        .row_keys = {{"num_failures", num_failures}}};
     std::int32_t signal = comm::detail::stop_signal().load();
     group.allreduce(&signal, 1, comm::reduce_op::max);
     cohort::result<void> r;
