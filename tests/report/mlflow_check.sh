@@ -44,8 +44,8 @@ seconds() { grep -o "\"$2\": [0-9.]*" "$scratch/$1.log" | awk '{print $2}'; }
 start_server
 run run "$@" "$program" --uri "$uri" --mode run --name quick --storage "$scratch/runs" --steps 12
 "$venv/bin/python" "$here/mlflow_read.py" "$uri" run quick 12 || exit 1
-run sweep "$@" "$program" --uri "$uri" --mode sweep --name sweep --storage "$scratch/runs" --steps 6
-"$venv/bin/python" "$here/mlflow_read.py" "$uri" sweep sweep 6 || exit 1
+run sweep "$@" "$program" --uri "$uri" --mode sweep --name sweep --storage "$scratch/runs" --steps 12
+"$venv/bin/python" "$here/mlflow_read.py" "$uri" sweep sweep 12 || exit 1
 
 # The outage: 60 reports 250 ms apart; the server stopped after about 3 s and started again.
 run steady "$@" "$program" --uri "$uri" --mode run --name steady --storage "$scratch/runs" --steps 60 --sleep-ms 250

@@ -47,7 +47,11 @@ int main(int argc, char** argv) {
     double const lr = config.at("lr").get<double>();
     for (int i = 1; i <= s.steps; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(s.sleep_ms));
-      nlohmann::json metrics{{"loss", 1.0 / (i * lr * 10)}, {"val", {{"acc", i / (s.steps + 1.0)}}}, {"epoch", i}};
+      // The loss falls until the middle step and rises after it: the best checkpoint is the last
+      // one at or before the middle, not the newest.
+      int const middle = s.steps / 2;
+      double const loss = i <= middle ? 1.0 / (i * lr * 10) : 1.0 / (middle * lr * 10) + (i - middle) * 0.1;
+      nlohmann::json metrics{{"loss", loss}, {"val", {{"acc", i / (s.steps + 1.0)}}}, {"epoch", i}};
       if (i % 5 == 0)
         ctx.report(metrics, cohort::checkpoint_payload{[i](std::filesystem::path const& dir, int rank) {
                      if (rank == 0) std::ofstream(dir / "step") << i;
@@ -57,7 +61,9 @@ int main(int argc, char** argv) {
     }
     *trained_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  cohort::report::mlflow const tracker{.tracking_uri = s.uri, .experiment_name = "cohort-tests"};
+  // A trainer's run names the metric of its best checkpoint; a sweep takes the tuner's.
+  cohort::report::mlflow tracker{.tracking_uri = s.uri, .experiment_name = "cohort-tests"};
+  if (s.mode == "run") tracker.metric = "loss";
   cohort::run_config const run{.name = s.name, .storage_path = s.storage, .verbose = 0};
   bool ok = false;
   if (s.mode == "run") {

@@ -2,11 +2,16 @@
 
 mlflow_read.py URI run NAME STEPS: the trainer run NAME; mlflow_read.py URI sweep NAME STEPS: the
 sweep NAME (a parent run and 4 nested trial runs). Checks params, every metric step, the tags and
-the nesting; exits 1 with the first difference.
+the nesting (the best and the latest checkpoint's tags, and LibTorch's version where
+COHORT_MLFLOW_EXPECT_LIBTORCH=1); exits 1 with the first difference.
 """
+import os
 import sys
 
 from mlflow.tracking import MlflowClient
+
+# Set where the program was built with LibTorch: its runs must carry the "libtorch" tag.
+LIBTORCH = os.environ.get("COHORT_MLFLOW_EXPECT_LIBTORCH") == "1"
 
 
 def fail(why):
@@ -32,9 +37,14 @@ def check_run(client, run, params, steps, world_size):
             fail(f"run {run.info.run_name}: no tag {tag} (tags: {sorted(data.tags)})")
     if data.tags["world_size"] != str(world_size):
         fail(f"run {run.info.run_name}: world_size tag {data.tags['world_size']}, expected {world_size}")
-    last = (steps // 5) * 5
-    if not data.tags["cohort.checkpoint"].endswith(f"checkpoint_{last:06d}"):
-        fail(f"run {run.info.run_name}: cohort.checkpoint is {data.tags['cohort.checkpoint']}, expected checkpoint {last}")
+    # mlflow_program's loss falls until step steps // 2 and rises after: the best checkpoint (every
+    # 5th step) is the last one at or before the middle, the latest the last one.
+    last, best = (steps // 5) * 5, (steps // 2 // 5) * 5
+    for tag, want in (("cohort.checkpoint", best), ("cohort.latest_checkpoint", last)):
+        if not data.tags.get(tag, "").endswith(f"checkpoint_{want:06d}"):
+            fail(f"run {run.info.run_name}: {tag} is {data.tags.get(tag)}, expected checkpoint {want}")
+    if LIBTORCH and not data.tags.get("libtorch", "")[:1].isdigit():
+        fail(f"run {run.info.run_name}: libtorch tag {data.tags.get('libtorch')!r}, expected LibTorch's version")
     if run.info.status != "FINISHED":
         fail(f"run {run.info.run_name}: status {run.info.status}")
 

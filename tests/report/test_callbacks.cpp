@@ -1,3 +1,4 @@
+#include <cohort/report/best_checkpoint.hpp>
 #include <cohort/report/callbacks.hpp>
 
 #include <atomic>
@@ -95,4 +96,41 @@ TEST_CASE("callbacks: one that blocks never holds up the poster; the queue is bo
   CHECK_THAT(said, contains_text("events dropped (more than 100 were waiting)"));
   *b.release = true;  // the detached thread finishes on its own
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
+}
+
+TEST_CASE("callbacks: a trial's best checkpoint by the metric, not the newest", "[report][pure]") {
+  using cohort::report::detail::best_checkpoint;
+  auto row = [](std::int64_t i, double loss) { return nlohmann::json{{"training_iteration", i}, {"val", {{"loss", loss}}}}; };
+  SECTION("min over an \"a/b\" path: checkpoints 2 (0.5), 4 (0.3), 6 (0.4): 2 and 4 are each the best when told, 6 not") {
+    best_checkpoint b{.metric = "val/loss", .mode = cohort::min};
+    for (auto [i, loss] : {std::pair{1, 0.9}, {2, 0.5}, {3, 0.4}, {4, 0.3}, {5, 0.2}, {6, 0.4}}) b.observe(row(i, loss));
+    CHECK(b.is_new_best(2));
+    CHECK(b.is_new_best(4));
+    CHECK_FALSE(b.is_new_best(6));
+    CHECK(b.values.empty());  // every value up to the last checkpoint matched and dropped
+  }
+  SECTION("max; a tie keeps the earlier checkpoint; async checkpoints told after later results") {
+    best_checkpoint b{.metric = "val/loss", .mode = cohort::max};
+    b.observe(row(1, 0.7));
+    b.observe(row(2, 0.7));
+    b.observe(row(3, 0.9));
+    CHECK(b.is_new_best(1));
+    CHECK_FALSE(b.is_new_best(2));
+    CHECK(b.is_new_best(3));
+  }
+  SECTION("no metric: every checkpoint is the newest, so the best") {
+    best_checkpoint b{};
+    b.observe(row(1, 0.1));
+    CHECK(b.is_new_best(1));
+    CHECK(b.is_new_best(2));
+  }
+  SECTION("a checkpoint whose result lacks the metric counts only until one has it") {
+    best_checkpoint b{.metric = "acc", .mode = cohort::max};
+    b.observe(nlohmann::json{{"training_iteration", 1}});
+    CHECK(b.is_new_best(1));
+    b.observe(nlohmann::json{{"training_iteration", 2}, {"acc", 0.5}});
+    CHECK(b.is_new_best(2));
+    b.observe(nlohmann::json{{"training_iteration", 3}});
+    CHECK_FALSE(b.is_new_best(3));
+  }
 }

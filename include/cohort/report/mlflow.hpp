@@ -5,8 +5,9 @@
 /// run; a tuner's experiment is a parent run with one nested run per trial (Ray's
 /// MLflowLoggerCallback). Params are the trial's config (flattened, "a/b"), metrics every numeric
 /// value of each result at step training_iteration, tags the host, the world size, the LibTorch
-/// version where LibTorch is in the program, and the newest checkpoint's path
-/// (`cohort.checkpoint`). Server down or slow: one warning; what it did not take waits in order
+/// version where LibTorch is in the program, the best committed checkpoint's path by the metric
+/// (`cohort.checkpoint`; `mlflow::metric`, else the tuner's) and the newest's
+/// (`cohort.latest_checkpoint`). Server down or slow: one warning; what it did not take waits in order
 /// (up to max_buffered_metrics; beyond, the oldest metrics are dropped, counted and said) and goes
 /// out once it answers again. It runs on the callbacks' thread, never on a training thread.
 
@@ -18,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <iostream>
@@ -33,8 +35,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/detail/internal_state.hpp"
+#include "cohort/order.hpp"
+#include "cohort/report/best_checkpoint.hpp"
 #include "cohort/report/callbacks.hpp"
 #include "cohort/report/flatten.hpp"
+#include "cohort/report/mlflow_rest.hpp"
 
 #if defined(COHORT_WITH_TORCH) && __has_include(<torch/version.h>)
 #include <torch/version.h>
@@ -43,127 +48,6 @@
 namespace cohort::report {
 
 namespace detail {
-
-/// What MLflow's REST API answered: the HTTP status (0: no answer, `error` says why) and body.
-struct http_answer {
-  long status = 0;
-  std::string body{};
-  std::string error{};
-  bool ok() const { return status >= 200 && status < 300; }
-  /// No answer, or one worth asking again (the server busy or restarting).
-  bool retry() const { return status == 0 || status == 429 || status >= 500; }
-};
-
-/// One libcurl handle talking JSON to one server (keep-alive between calls).
-class mlflow_http {
- public:
-  mlflow_http(std::string base, double timeout_s) : base_(std::move(base)), timeout_ms_(static_cast<long>(timeout_s * 1000)) {
-    static std::once_flag once;
-    std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-    while (!base_.empty() && base_.back() == '/') base_.pop_back();
-    curl_ = curl_easy_init();
-  }
-  mlflow_http(mlflow_http const&) = delete;
-  mlflow_http& operator=(mlflow_http const&) = delete;
-  ~mlflow_http() {
-    if (curl_) curl_easy_cleanup(curl_);
-  }
-
-  /// POST `body` to `path` (under /api/2.0/mlflow/), or GET with `body` null.
-  http_answer call(std::string const& path, nlohmann::json const* body) {
-    http_answer out;
-    if (!curl_) {
-      out.error = "libcurl could not start";
-      return out;
-    }
-    std::string const url = base_ + "/api/2.0/mlflow/" + path;
-    std::string const text = body ? body->dump() : std::string{};
-    curl_easy_reset(curl_);
-    curl_easy_setopt(curl_, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(curl_, CURLOPT_TIMEOUT_MS, timeout_ms_);
-    curl_easy_setopt(curl_, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms_);
-    curl_easy_setopt(curl_, CURLOPT_NOSIGNAL, 1L);
-    curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
-    curl_easy_setopt(curl_, CURLOPT_HTTPHEADER, headers);
-    if (body) {
-      curl_easy_setopt(curl_, CURLOPT_POST, 1L);
-      curl_easy_setopt(curl_, CURLOPT_POSTFIELDS, text.c_str());
-      curl_easy_setopt(curl_, CURLOPT_POSTFIELDSIZE, static_cast<long>(text.size()));
-    }
-    curl_easy_setopt(curl_, CURLOPT_WRITEFUNCTION, +[](char* p, std::size_t size, std::size_t n, void* to) {
-      static_cast<std::string*>(to)->append(p, size * n);
-      return size * n;
-    });
-    curl_easy_setopt(curl_, CURLOPT_WRITEDATA, &out.body);
-    CURLcode const rc = curl_easy_perform(curl_);
-    curl_slist_free_all(headers);
-    if (rc != CURLE_OK) {
-      out.error = curl_easy_strerror(rc);
-      return out;
-    }
-    curl_easy_getinfo(curl_, CURLINFO_RESPONSE_CODE, &out.status);
-    if (!out.ok()) out.error = "HTTP " + std::to_string(out.status) + ": " + out.body.substr(0, 300);
-    return out;
-  }
-
-  /// `s` escaped for a query string.
-  std::string escape(std::string const& s) {
-    char* e = curl_ ? curl_easy_escape(curl_, s.c_str(), static_cast<int>(s.size())) : nullptr;
-    std::string out = e ? e : s;
-    if (e) curl_free(e);
-    return out;
-  }
-
- private:
-  std::string base_;
-  long timeout_ms_;
-  CURL* curl_ = nullptr;
-};
-
-/// Pure: MLflow's {"key", "value"} list of a flat string map.
-inline nlohmann::json key_values(std::map<std::string, std::string> const& m) {
-  nlohmann::json out = nlohmann::json::array();
-  for (auto const& [k, v] : m) out.push_back({{"key", k}, {"value", v}});
-  return out;
-}
-
-/// Pure: a config as MLflow params: flattened keys ("a/b"), values as text (strings unquoted),
-/// each at most 6,000 characters (MLflow's limit).
-inline std::map<std::string, std::string> params_of(nlohmann::json const& config) {
-  std::map<std::string, std::string> out;
-  if (!config.is_object()) return out;
-  for (auto const& [k, v] : flatten(config)) out[k] = (v.is_string() ? v.get<std::string>() : v.dump()).substr(0, 6000);
-  return out;
-}
-
-/// One metric value for MLflow's log-batch.
-struct mlflow_metric {
-  std::string key;
-  double value = 0;
-  std::int64_t timestamp_ms = 0;
-  std::int64_t step = 0;
-};
-
-/// Appends to `out` a result's metrics for MLflow: every finite number (a bool as 0 or 1) of the
-/// row, nested keys joined with '/' (as flatten()), but the top-level training_iteration (the
-/// step) and timestamp, at `step`, stamped `timestamp_ms`. Pure.
-inline void append_metrics(std::vector<mlflow_metric>& out, nlohmann::json const& row, std::int64_t step,
-                           std::int64_t timestamp_ms, std::string const& prefix = {}) {
-  if (!row.is_object()) return;
-  for (auto it = row.begin(); it != row.end(); ++it) {
-    auto const& v = it.value();
-    if (prefix.empty() && (it.key() == "training_iteration" || it.key() == "timestamp")) continue;
-    if (v.is_object()) {
-      append_metrics(out, v, step, timestamp_ms, prefix + it.key() + "/");
-      continue;
-    }
-    double x = 0;
-    if (v.is_boolean()) x = v.get<bool>() ? 1 : 0;
-    else if (v.is_number()) x = v.get<double>();
-    else continue;
-    if (std::isfinite(x)) out.push_back({prefix + it.key(), x, timestamp_ms, step});
-  }
-}
 
 /// The MLflow side of one experiment: runs made, and what waits to be sent, in order.
 struct mlflow_session {
@@ -188,6 +72,9 @@ struct mlflow_state {
   std::shared_ptr<mlflow_session> s{};  ///< from on_experiment_start to on_experiment_end
   std::string experiment{};
   std::map<std::string, std::string> base_tags{};
+  std::string metric{};  ///< the metric that picks each trial's best checkpoint (empty: the newest)
+  cohort::order mode = cohort::min;
+  std::map<std::string, best_checkpoint> best{};  ///< by trial
 };
 
 inline std::int64_t now_ms() {
@@ -210,9 +97,13 @@ struct mlflow {
   std::map<std::string, std::string> tags{};           ///< added to every run
   std::size_t max_buffered_metrics = 1'000'000;        ///< metrics kept while the server is away
   double timeout_s = 5;                                ///< per request
-  double send_interval_s = 0.2;                        ///< results are sent together this often
+  double send_interval_s = 0.2;                        ///< results are sent together this often (bench_tune callbacks/2: +1.3 µs a report)
   double retry_interval_s = 1;                         ///< between tries while the server is away
   double end_timeout_s = 20;                           ///< at the end, how long the last sends may keep trying (less than the callbacks' drain_timeout)
+  /// The metric whose best value picks the checkpoint tagged `cohort.checkpoint`; empty: the
+  /// tuner's tune_config::metric and mode, and for a trainer's run the newest checkpoint.
+  std::string metric{};
+  cohort::order mode = cohort::min;  ///< with `metric`: which end is best
 
   void on_experiment_start(experiment_info const& e) {
     state_.s = std::make_shared<detail::mlflow_session>();
@@ -222,6 +113,9 @@ struct mlflow {
     state_.base_tags = tags;
     state_.base_tags["host"] = detail::host_name();
     state_.base_tags["world_size"] = std::to_string(e.world_size);
+    state_.metric = metric.empty() ? e.metric : metric;
+    state_.mode = metric.empty() ? e.mode : mode;
+    state_.best.clear();
 #ifdef TORCH_VERSION
     state_.base_tags["libtorch"] = TORCH_VERSION;
 #endif
@@ -238,6 +132,7 @@ struct mlflow {
 
   void on_trial_result(trial_info const& t, nlohmann::json const& row) {
     if (!state_.s) return;
+    best_of(t.id).observe(row);
     auto const step = row.value("training_iteration", std::int64_t{0});
     std::int64_t const stamp = row.contains("timestamp") && row["timestamp"].is_number() ? row["timestamp"].get<std::int64_t>() * 1000 : detail::now_ms();
     auto& ops = state_.s->ops;
@@ -259,8 +154,11 @@ struct mlflow {
 
   void on_checkpoint(trial_info const& t, std::filesystem::path const& dir) {
     if (!state_.s) return;
-    push({.kind = detail::mlflow_session::op::batch, .trial = t.id,
-          .body = {{"tags", detail::key_values({{"cohort.checkpoint", dir.string()}})}}});
+    std::map<std::string, std::string> tags{{"cohort.latest_checkpoint", dir.string()}};
+    auto const name = dir.filename().string();  // checkpoint_NNNNNN
+    auto const iteration = name.size() > 11 ? std::strtoll(name.c_str() + 11, nullptr, 10) : 0;
+    if (best_of(t.id).is_new_best(iteration)) tags["cohort.checkpoint"] = dir.string();
+    push({.kind = detail::mlflow_session::op::batch, .trial = t.id, .body = {{"tags", detail::key_values(tags)}}});
     pump();
   }
 
@@ -289,6 +187,12 @@ struct mlflow {
 
  private:
   using op = detail::mlflow_session::op;
+
+  detail::best_checkpoint& best_of(std::string const& trial) {
+    auto [it, added] = state_.best.try_emplace(trial);
+    if (added) it->second = {.metric = state_.metric, .mode = state_.mode};
+    return it->second;
+  }
 
   void start_run(trial_info const& t) {
     if (!state_.s || state_.s->run_ids.contains(t.id)) return;  // a restored trial goes on in its run
