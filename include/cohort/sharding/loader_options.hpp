@@ -12,7 +12,10 @@ namespace cohort {
 /// Knobs of a loader; none of them changes which samples a rank sees or in which order.
 struct loader_options {
   std::int64_t batch_size = 32;      ///< samples per batch on each rank
-  std::size_t prefetch_batches = 2;  ///< batches made ahead by background threads (0 with no workers: none)
+  /// Batches made ahead by background threads (0 with no workers: none). 2, PyTorch DataLoader's
+  /// prefetch_factor: bench_data_loader finds in-memory batches need none (data wait 0.13% without,
+  /// 0.16% at 4: docs/benchmarks.md, "Data loading"); decoded shards gain from workers, not depth.
+  std::size_t prefetch_batches = 2;
   /// Threads that make batches in parallel (decode a shard dataset's samples, gather a tensor
   /// dataset's rows); 0: one thread when prefetch_batches > 0. Batches come out in order whatever
   /// the threads' timing; at most max(prefetch_batches, num_workers) are made ahead.

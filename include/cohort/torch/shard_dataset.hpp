@@ -155,6 +155,8 @@ class shard_stream final : public stream_dataset::source {
       for (auto it = open_.begin(); it != open_.end();) it = it->first == s ? std::next(it) : open_.erase(it);
     }
 
+    /// Shards kept open between fetches (a file handle each). Chosen, not tuned: the loader's
+    /// workers read one stream in batch order, so one open shard is the common case.
     static constexpr std::size_t max_open_shards = 8;
     shard_stream const* s_;
     std::vector<std::size_t> order_;
