@@ -1,6 +1,8 @@
 // The smallest data-parallel run: fit y = 2x on 200 points with 2 workers (MSE, SGD).
-//   mpirun -np 2 ./quickstart [--storage DIR] [--device cpu|cuda] [--workers N]
+//   mpirun -np 2 ./quickstart [--storage DIR] [--device cpu|cuda] [--workers N] [--mlflow URI]
 // With --device cuda each rank trains on its own GPU (mpirun -np 1 ... --workers 1 on one GPU).
+// With --mlflow the run is logged to that MLflow tracking server (experiment "quickstart"), where
+// the build linked cohort::mlflow (libcurl).
 #include <cohort/cohort.hpp>
 
 #include <iostream>
@@ -9,18 +11,25 @@
 int main(int argc, char** argv) {
   cohort::environment env{argc, argv};
   cohort::run_config run{.name = "", .storage_path = "cohort_results"};
-  std::string device = "cpu";
+  std::string device = "cpu", mlflow_uri;
   int workers = 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string const flag = argv[i], value = argv[i + 1];
     if (flag == "--storage") run.storage_path = value;
     else if (flag == "--device" && (value == "cpu" || value == "cuda")) device = value;
     else if (flag == "--workers") workers = std::stoi(value);
+    else if (flag == "--mlflow") mlflow_uri = value;
     else {
-      std::cerr << "unknown flag " << flag << " (or its value): use --storage DIR, --device cpu|cuda or --workers N\n";
+      std::cerr << "unknown flag " << flag << " (or its value): use --storage DIR, --device cpu|cuda, --workers N or --mlflow URI\n";
       return 2;
     }
   }
+#if !COHORT_WITH_MLFLOW
+  if (!mlflow_uri.empty()) {
+    std::cerr << "--mlflow: this build has no MLflow client; build the example linked with cohort::mlflow (libcurl)\n";
+    return 2;
+  }
+#endif
 
   auto train = [](cohort::context& ctx, nlohmann::json const& cfg) {
     auto const dev = cohort::to_torch(ctx.device());  // this rank's CPU or GPU
@@ -45,9 +54,16 @@ int main(int argc, char** argv) {
     return model->weight.item<double>();  // every rank's, gathered in the result
   };
 
-  auto fit_on = [&](auto scaling) {
-    cohort::trainer trainer{train, scaling, cohort::sharding::shuffled{.seed = 42}};
+  auto fit_with = [&](auto scaling, auto... callbacks) {
+    cohort::trainer trainer{train, scaling, cohort::sharding::shuffled{.seed = 42}, callbacks...};
     return trainer.fit(nlohmann::json{{"lr", 0.1}, {"epochs", 20}}, run);
+  };
+  auto fit_on = [&](auto scaling) {
+#if COHORT_WITH_MLFLOW
+    if (!mlflow_uri.empty())
+      return fit_with(scaling, cohort::report::mlflow{.tracking_uri = mlflow_uri, .experiment_name = "quickstart"});
+#endif
+    return fit_with(scaling);
   };
   auto result = device == "cuda" ? fit_on(cohort::scaling::cuda{.num_workers = workers})
                                  : fit_on(cohort::scaling::cpu{.num_workers = workers});

@@ -2,7 +2,8 @@
 /// \file
 /// The umbrella header: everything, with the LibTorch integration when COHORT_WITH_TORCH is set
 /// (the cohort::cohort CMake target sets it when Torch was found) and the NCCL backend when
-/// COHORT_WITH_NCCL is set (link cohort::nccl).
+/// COHORT_WITH_NCCL is set (link cohort::nccl), and report::mlflow when COHORT_WITH_MLFLOW is set
+/// (link cohort::mlflow: libcurl).
 
 #include "cohort/checkpointing/checkpoint.hpp"
 #include "cohort/checkpointing/payload.hpp"
@@ -40,6 +41,10 @@
 
 #if COHORT_WITH_NCCL
 #include "cohort/comm/nccl.hpp"
+#endif
+
+#if COHORT_WITH_MLFLOW
+#include "cohort/report/mlflow.hpp"
 #endif
 
 #if COHORT_WITH_TORCH

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# mlflow_check.sh SCRATCH VENV PROGRAM MPIEXEC ARGS... (MPIEXEC ARGS...: how to launch 2 ranks):
-# starts a real MLflow tracking server from PyPI (pinned in requirements-mlflow.txt, in a venv made
-# once; sqlite backend, on 127.0.0.1, stopped on exit), logs to it with cohort::report::mlflow
-# (cohort_mlflow_program: a trainer run, then a sweep of 4 trials, at 2 ranks) and reads
-# everything back with MLflow's own client (mlflow_read.py). Then a run during which the server
-# is stopped and started again: training must end when it would have, and no metric be lost.
+# mlflow_check.sh SCRATCH VENV PROGRAM QUICKSTART MPIEXEC ARGS... (MPIEXEC ARGS...: how to launch 2
+# ranks): starts a real MLflow tracking server from PyPI (pinned in requirements-mlflow.txt, in a
+# venv made once; sqlite backend, on 127.0.0.1, stopped on exit), logs to it with
+# cohort::report::mlflow (examples/quickstart --mlflow, then cohort_mlflow_program's sweep of 4
+# trials, at 2 ranks) and reads everything back with MLflow's own client (mlflow_read.py). Then a
+# run of cohort_mlflow_program during which the server is stopped and started again: training must
+# end when it would have, and no metric be lost (the best and the latest checkpoint tagged).
 # Where the venv cannot be made (no network), the test says why and exits 77 (skipped).
 set -u
-scratch=$1 venv=$2 program=$3
-shift 3
+scratch=$1 venv=$2 program=$3 quickstart=$4
+shift 4
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 fail() { echo "FAIL: $*"; exit 1; }
 
@@ -42,8 +43,8 @@ run() {  # NAME ARGS...: the program at 2 ranks, its output in NAME.log
 seconds() { grep -o "\"$2\": [0-9.]*" "$scratch/$1.log" | awk '{print $2}'; }
 
 start_server
-run run "$@" "$program" --uri "$uri" --mode run --name quick --storage "$scratch/runs" --steps 12
-"$venv/bin/python" "$here/mlflow_read.py" "$uri" run quick 12 || exit 1
+run quickstart "$@" "$quickstart" --mlflow "$uri" --storage "$scratch/runs"
+"$venv/bin/python" "$here/mlflow_read.py" "$uri" quickstart || exit 1
 run sweep "$@" "$program" --uri "$uri" --mode sweep --name sweep --storage "$scratch/runs" --steps 12
 "$venv/bin/python" "$here/mlflow_read.py" "$uri" sweep sweep 12 || exit 1
 
@@ -62,5 +63,5 @@ grep -q "does not answer" "$scratch/outage.log" || fail "the outage was not said
 steady_s=$(seconds steady trained_s) outage_s=$(seconds outage trained_s)
 awk -v a="$steady_s" -v b="$outage_s" 'BEGIN { exit !(b < a * 1.1 + 1) }' ||
   fail "training took $outage_s s with the server away, $steady_s s without"
-echo "ok: MLflow $("$venv/bin/python" -c 'import mlflow; print(mlflow.__version__)'): a run, a sweep of 4 nested trials," \
+echo "ok: MLflow $("$venv/bin/python" -c 'import mlflow; print(mlflow.__version__)'): the quickstart, a sweep of 4 nested trials," \
   "and a run through a server restart (training $outage_s s against $steady_s s, every metric there)"
