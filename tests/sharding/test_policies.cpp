@@ -1,4 +1,5 @@
 #include <cohort/concepts.hpp>
+#include <cohort/sharding/loader_options.hpp>
 #include <cohort/sharding/policies.hpp>
 #include <cohort/sharding/redeal.hpp>
 
@@ -73,6 +74,24 @@ TEST_CASE("global batch size is per-worker batch size times the world size", "[s
   CHECK(cohort::global_batch_size(64, 3) == 192);
   CHECK(cohort::per_worker_batch_size(192, 3) == 64);
   CHECK_THROWS_WITH(cohort::per_worker_batch_size(100, 3), contains_text("does not divide over 3 ranks"));
+}
+
+TEST_CASE("in-memory batches are made on the training thread when its intra-op threads take the rank's cores",
+          "[sharding][pure]") {
+  using cohort::loader_threads;
+  cohort::loader_options const prefetch{.prefetch_batches = 2};
+  // One rank of two cores, two intra-op threads, nothing spare: no thread for a tensor dataset...
+  CHECK(loader_threads(prefetch, true, 2, 2, false) == 0);
+  CHECK(loader_threads(prefetch, true, 4, 2, false) == 0);  // more threads than cores
+  // ...but a thread for batches read or decoded, where it overlaps real work.
+  CHECK(loader_threads(prefetch, false, 2, 2, false) == 1);
+  // A core left over, a spare core for cohort's threads, or one intra-op thread: the thread stays.
+  CHECK(loader_threads(prefetch, true, 2, 4, false) == 1);
+  CHECK(loader_threads(prefetch, true, 2, 2, true) == 1);
+  CHECK(loader_threads(prefetch, true, 1, 1, false) == 1);
+  // Workers asked for are always given; no prefetching is no thread.
+  CHECK(loader_threads({.prefetch_batches = 2, .num_workers = 3}, true, 2, 2, false) == 3);
+  CHECK(loader_threads({.prefetch_batches = 0}, false, 1, 8, true) == 0);
 }
 
 namespace {

@@ -15,6 +15,8 @@ struct loader_options {
   /// Batches made ahead by background threads (0 with no workers: none). 2, PyTorch DataLoader's
   /// prefetch_factor: bench_data_loader finds in-memory batches need none (data wait 0.13% without,
   /// 0.16% at 4: docs/benchmarks.md, "Data loading"); decoded shards gain from workers, not depth.
+  /// In-memory batches on a rank whose intra-op threads take all its cores are made on the
+  /// training thread instead (loader_threads).
   std::size_t prefetch_batches = 2;
   /// Threads that make batches in parallel (decode a shard dataset's samples, gather a tensor
   /// dataset's rows); 0: one thread when prefetch_batches > 0. Batches come out in order whatever
@@ -22,6 +24,22 @@ struct loader_options {
   std::size_t num_workers = 0;
   bool drop_last = true;  ///< drop the last partial batch of an epoch
 };
+
+/// Pure: how many threads make a loader's batches. `num_workers` when set; else one when
+/// `prefetch_batches` > 0, except for batches gathered from memory (`in_memory`: a tensor
+/// dataset's rows, microseconds each) on a rank whose `intra_op_threads`, more than one, take
+/// every one of the `rank_cpus` it may run on, with no spare core for cohort's threads
+/// (`spare_cpus`): there they are made on the training thread. A thread woken beside a busy
+/// OpenMP team takes a core the team waits for at its next barrier: the reference CNN on one
+/// rank of two cores ran at 0.91x the plain loop with the thread and 1.07x without
+/// (bench/compare, docs/benchmarks.md, "One rank against the plain C++ loop").
+constexpr std::size_t loader_threads(loader_options const& o, bool in_memory, int intra_op_threads, int rank_cpus,
+                                     bool spare_cpus) {
+  if (o.num_workers > 0) return o.num_workers;
+  if (o.prefetch_batches == 0) return 0;
+  bool const cores_taken = intra_op_threads > 1 && intra_op_threads >= rank_cpus && !spare_cpus;
+  return in_memory && cores_taken ? 0 : 1;
+}
 
 /// A loader's position: the next batch handed out is batch `position` of epoch `epoch`. `seed` is
 /// the sharding policy's seed (0 when it has none); a state restores only under the same seed.

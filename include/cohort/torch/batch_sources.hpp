@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -103,6 +104,9 @@ class stream_dataset {
     /// The dealing the dataset brings (its policy for any world size, and that policy's seed),
     /// or nullopt to be dealt by the trainer's sharding policy.
     virtual std::optional<std::pair<sharding::indices_fn, std::uint64_t>> dealing() const { return std::nullopt; }
+    /// True when a batch is gathered from memory (microseconds), not read or decoded: the loader
+    /// may then make it on the training thread (loader_threads).
+    virtual bool in_memory() const { return false; }
   };
   /// The reader of an epoch, as the loader holds it.
   struct epoch_reader {
@@ -164,6 +168,7 @@ struct tensor_stream final : stream_dataset::source {
     }
   };
   std::size_t size() const override { return data.size(); }
+  bool in_memory() const override { return true; }
   std::unique_ptr<stream_dataset::reader> open(std::vector<std::size_t> order, std::size_t) const override {
     auto r = std::make_unique<reader>();
     r->data = &data;
@@ -172,6 +177,14 @@ struct tensor_stream final : stream_dataset::source {
   }
   tensor_dataset data;
 };
+
+/// Whether `s`'s batches are gathered from memory (loader_threads): a tensor dataset's are, a
+/// stream's when it says so, a torch::data dataset's are not known to be.
+template <class Source>
+bool in_memory(Source const& s) {
+  if constexpr (std::is_same_v<Source, stream_dataset>) return s.impl && s.impl->in_memory();
+  else return std::is_same_v<Source, tensor_dataset>;
+}
 
 }  // namespace detail
 

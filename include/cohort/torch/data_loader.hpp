@@ -26,6 +26,7 @@
 #include "cohort/context.hpp"
 #include "cohort/detail/thread_start.hpp"
 #include "cohort/error.hpp"
+#include "cohort/scaling/cpu_set.hpp"
 #include "cohort/scaling/device.hpp"
 #include "cohort/sharding/datasets.hpp"
 #include "cohort/sharding/loader_options.hpp"
@@ -184,7 +185,7 @@ class data_loader {
 
 /// An input range over one epoch. While it is iterated, worker threads make the next batches
 /// (options.num_workers of them, or one with prefetch_batches and no workers; none with both
-/// 0): each takes the next batch number, fetches its raw samples from the epoch's reader (one
+/// 0, or for in-memory batches where the intra-op threads take the rank's cores: loader_threads): each takes the next batch number, fetches its raw samples from the epoch's reader (one
 /// worker at a time, in batch order) and decodes them in parallel with the others; batches are
 /// handed out in batch order whatever the threads' timing, at most max(prefetch_batches,
 /// num_workers) made ahead. The workers stop when the range is destroyed (also after a `break`).
@@ -239,7 +240,10 @@ class data_loader<Source>::epoch_range {
     next_fetch_ = l.state_.position;
     reader_.emplace(detail::open_reader(l.source_, std::move(order),
                                         std::min(order_size_, static_cast<std::size_t>(next_fetch_ * l.options_.batch_size))));
-    std::size_t const threads = l.options_.num_workers > 0 ? l.options_.num_workers : (l.options_.prefetch_batches > 0 ? 1 : 0);
+    // The training thread's cores and the intra-op threads in effect now (a user may have set them).
+    std::size_t const threads = loader_threads(l.options_, detail::in_memory(l.source_), at::get_num_threads(),
+                                               static_cast<int>(scaling::this_thread_cpus().size()),
+                                               !scaling::placement().spare.empty());
     capacity_ = std::max<std::size_t>({l.options_.prefetch_batches, l.options_.num_workers, 1});
     for (std::size_t k = 0; k < threads; ++k) workers_.emplace_back([this] { work(); });
   }
