@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
@@ -45,11 +46,14 @@ inline cohort::tensor_dataset load_fashion_mnist(std::string const& dir, std::st
     throw cohort::error("Fashion-MNIST files in " + dir + " do not match (" + split +
                         "): expected N x 28 x 28 images and N labels");
   auto n = images.dims[0];
-  auto x = torch::from_blob(images.data.data(), {n, 1, images.dims[1], images.dims[2]}, torch::kUInt8)
-               .to(torch::kFloat)
-               .div_(255.0)
-               .sub_(0.2860)
-               .div_(0.3530);
+  // (v / 255 - mean) / std for each of the 256 byte values, then one pass over the pixels: the
+  // four tensor passes it replaces (to float, divide, subtract, divide) took about 0.1 s of the
+  // launch for the 47 M training pixels.
+  std::array<float, 256> normalised{};
+  for (int v = 0; v < 256; ++v) normalised[v] = (static_cast<float>(v) / 255.0f - 0.2860f) / 0.3530f;
+  auto x = torch::empty({n, 1, images.dims[1], images.dims[2]}, torch::kFloat);
+  float* out = x.data_ptr<float>();
+  for (std::size_t i = 0; i < images.data.size(); ++i) out[i] = normalised[images.data[i]];
   auto y = torch::from_blob(labels.data.data(), {n}, torch::kUInt8).to(torch::kLong);
   return {x, y};
 }

@@ -4,8 +4,10 @@
 
 #include <mpi.h>
 
-#include <array>
 #include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -33,19 +35,41 @@ inline int& job_local_rank() {
   return r;
 }
 
-/// Open MPI settings cohort's collectives rely on, set before MPI starts where the job does not
-/// set them itself (an OMPI_MCA_ variable; `mpirun --mca NAME VALUE` sets the same variable):
+/// Open MPI settings cohort relies on, set before MPI starts where the job does not set them
+/// itself (an OMPI_MCA_ variable; `mpirun --mca NAME VALUE` sets the same variable):
 /// - btl_tcp_links 2: two TCP connections between each pair of ranks on different hosts, over
 ///   which Open MPI stripes large messages. Between 2 hosts on a 1 Gbit/s link, cohort's gradient
 ///   synchronisation of 4 MiB took 48-54 ms over one connection and 35-48 ms over two (the link's
 ///   bound: 34 ms), of 16 MiB 224-248 ms and 147-219 ms (bound: 134 ms); four were no faster,
-///   eight hung Open MPI 4.1 (docs/benchmarks.md, "Across hosts").
-/// Inside one node Open MPI uses shared memory and these do not apply.
-inline constexpr std::array<std::pair<char const*, char const*>, 1> transport_defaults{{{"OMPI_MCA_btl_tcp_links", "2"}}};
+///   eight hung Open MPI 4.1 (docs/benchmarks.md, "Across hosts"). Inside one node Open MPI uses
+///   shared memory and this does not apply.
+/// - pml ^cm, on a node without a fabric device (`fabric` false: no InfiniBand, Omni-Path, EFA or
+///   Slingshot, see node_has_fabric) and where the job names neither a PML nor an MTL: the cm PML
+///   drives such fabrics through libfabric or PSM2, and with none to drive it is never chosen,
+///   yet probing them took 0.20 s of MPI_Init's 0.24 s (docs/benchmarks.md, "One rank against
+///   the plain C++ loop, and where launch goes"). Open MPI then picks what it would have picked.
+inline std::vector<std::pair<std::string, std::string>> transport_defaults(bool fabric, bool job_names_pml) {
+  std::vector<std::pair<std::string, std::string>> out{{"OMPI_MCA_btl_tcp_links", "2"}};
+  if (!fabric && !job_names_pml) out.emplace_back("OMPI_MCA_pml", "^cm");
+  return out;
+}
+
+/// Whether this node has a device of a fabric that Open MPI drives outside TCP and shared memory:
+/// an RDMA device (/sys/class/infiniband: InfiniBand, RoCE, Omni-Path, AWS EFA), HPE Slingshot
+/// (/sys/class/cxi) or an Omni-Path PSM2 device (/dev/hfi1_0).
+inline bool node_has_fabric() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (char const* dir : {"/sys/class/infiniband", "/sys/class/cxi"})
+    if (fs::is_directory(dir, ec) && !fs::is_empty(dir, ec)) return true;
+  return fs::exists("/dev/hfi1_0", ec);
+}
 
 /// Sets transport_defaults in this process's environment, leaving any the job set alone.
 inline void set_transport_defaults() {
-  for (auto const& [name, value] : transport_defaults) ::setenv(name, value, 0);
+  bool const job_names_pml = std::getenv("OMPI_MCA_pml") != nullptr || std::getenv("OMPI_MCA_mtl") != nullptr;
+  for (auto const& [name, value] : transport_defaults(node_has_fabric(), job_names_pml))
+    ::setenv(name.c_str(), value.c_str(), 0);
 }
 
 /// Where the ranks of `node` (one node's ranks, a collective over it) are bound: every rank's

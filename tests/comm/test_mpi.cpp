@@ -3,6 +3,7 @@
 #include <cohort/comm/mpi.hpp>
 #include <cohort/environment.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -201,10 +202,13 @@ TEMPLATE_TEST_CASE("mpi reduces bfloat16 and float16 in float32, identically on 
 
 TEST_CASE("Open MPI runs with cohort's transport defaults unless the job set its own", "[comm][mpi]") {
   // cohort::environment (the tests' main) set them before MPI_Init; a job's own value wins.
-  for (auto const& [name, value] : cohort::detail::transport_defaults) {
-    char const* set = std::getenv(name);
+  bool const job_names_pml =
+      (std::getenv("OMPI_MCA_pml") != nullptr && std::string_view(std::getenv("OMPI_MCA_pml")) != "^cm") ||
+      std::getenv("OMPI_MCA_mtl") != nullptr;
+  for (auto const& [name, value] : cohort::detail::transport_defaults(cohort::detail::node_has_fabric(), job_names_pml)) {
+    char const* set = std::getenv(name.c_str());
     REQUIRE(set != nullptr);
-    std::string const cvar = std::string(name).substr(std::string_view("OMPI_MCA_").size());
+    std::string const cvar = name.substr(std::string_view("OMPI_MCA_").size());
     // What Open MPI itself uses, through the MPI tool interface.
     int level = 0, provided = 0;
     MPI_Query_thread(&level);  // Open MPI lowers MPI's own level to what the tool interface asks for
@@ -218,16 +222,38 @@ TEST_CASE("Open MPI runs with cohort's transport defaults unless the job set its
     MPI_T_cvar_handle handle;
     int count = 0;
     REQUIRE(MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS);
-    int used = 0;
-    REQUIRE(MPI_T_cvar_read(handle, &used) == MPI_SUCCESS);
+    std::string used;
+    if (cvar == "pml") {  // a string: the PMLs Open MPI may choose from
+      std::vector<char> text(static_cast<std::size_t>(std::max(count, 1)) + 1, '\0');
+      REQUIRE(MPI_T_cvar_read(handle, text.data()) == MPI_SUCCESS);
+      used = text.data();
+    } else {
+      int number = 0;
+      REQUIRE(MPI_T_cvar_read(handle, &number) == MPI_SUCCESS);
+      used = std::to_string(number);
+    }
     MPI_T_cvar_handle_free(&handle);
     MPI_T_finalize();
     int after = 0;
     MPI_Query_thread(&after);
     REQUIRE(after == level);
-    CHECK(std::to_string(used) == set);
-    if (std::string_view(set) == value) CHECK(used == std::atoi(value));
+    CHECK(used == set);
+    if (std::string_view(set) == value) CHECK(used == value);
   }
+}
+
+TEST_CASE("the cm PML is left out only on a node without a fabric, where the job names no PML or MTL", "[comm][pure]") {
+  using cohort::detail::transport_defaults;
+  auto has_pml = [](auto const& settings) {
+    return std::any_of(settings.begin(), settings.end(), [](auto const& kv) { return kv.first == "OMPI_MCA_pml"; });
+  };
+  auto const plain = transport_defaults(false, false);
+  REQUIRE(plain.size() == 2);
+  CHECK(plain[0] == std::pair<std::string, std::string>{"OMPI_MCA_btl_tcp_links", "2"});
+  CHECK(plain[1] == std::pair<std::string, std::string>{"OMPI_MCA_pml", "^cm"});
+  CHECK_FALSE(has_pml(transport_defaults(true, false)));  // InfiniBand, Omni-Path, EFA, Slingshot: Open MPI chooses
+  CHECK_FALSE(has_pml(transport_defaults(false, true)));  // the job's own choice
+  CHECK(transport_defaults(true, true).size() == 1);
 }
 
 TEST_CASE("waits spin on one node with a core per rank, and poll early across hosts or with more ranks than cores", "[comm][pure]") {

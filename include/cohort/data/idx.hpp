@@ -167,8 +167,15 @@ inline idx_array parse_idx(gzFile f, std::filesystem::path const& path) {
   }
   std::int64_t const header = 4 + 4 * std::int64_t{magic[3]};
   // The header's count is a claim: memory grows with the bytes actually read (a compressed
-  // file's size says nothing of its content), in chunks from 64 KiB doubling up to 64 MiB.
+  // file's size says nothing of its content), in chunks from 64 KiB doubling up to 64 MiB. A
+  // plain file (the gzipped files' copy) whose size is header plus count is read in one piece:
+  // the chunks' growth cost the 47 MB of Fashion-MNIST's training images 0.075 s, a third of
+  // what reading and converting them took at launch.
   std::int64_t chunk_bytes = std::int64_t{64} << 10;
+  std::error_code size_error;
+  if (gzdirect(f) == 1 && std::filesystem::file_size(path, size_error) == static_cast<std::uintmax_t>(header + count) &&
+      !size_error && count > 0)
+    chunk_bytes = count;
   std::int64_t got = 0;
   while (got < count) {
     auto const chunk = std::min(count - got, chunk_bytes);
