@@ -21,6 +21,7 @@
 #include "cohort/checkpointing/directory_payload.hpp"
 #include "cohort/checkpointing/payload.hpp"
 #include "cohort/checkpointing/retained.hpp"
+#include "cohort/checkpointing/staging.hpp"
 #include "cohort/comm/any.hpp"
 #include "cohort/comm/collectives.hpp"
 #include "cohort/comm/deadline.hpp"
@@ -104,7 +105,7 @@ class reporter {
 
   /// A prefix unique to this attempt, the same on every rank (staging directories never collide).
   void set_attempt_prefix(std::string const& prefix) {
-    staging_prefix_ = prefix;
+    staging_.prefix = prefix;
     checkpoints_.set_trash_prefix(prefix);
   }
 
@@ -210,12 +211,12 @@ class reporter {
     if (mode_ == checkpoint_mode::async) return report_checkpoint_async(iteration, std::move(row), payload, validate);
     std::optional<std::string> err;
     try {
-      write_now(iteration, payload);
+      staging_.write(iteration, payload);
     } catch (std::exception const& e) {
       err = e.what();
     }
     if (auto e = agree_on(err)) {
-      undo_write(iteration, payload);
+      staging_.undo(iteration, payload);
       throw cohort::error(*e);
     }
     if (rank_ == 0) {
@@ -267,7 +268,7 @@ class reporter {
       rows_.write(output);
       try {
         if (commit_first) commit_now(commit_first->iteration, commit_first->row, commit_first->validate);
-        if (worker_error_.empty()) write_now(iteration, payload);
+        if (worker_error_.empty()) staging_.write(iteration, payload);
       } catch (std::exception const& e) {
         if (worker_error_.empty()) worker_error_ = e.what();
       }
@@ -281,47 +282,20 @@ class reporter {
     consult_listener();
   }
 
-  std::filesystem::path staging_of(std::int64_t iteration) const {
-    return run_path_ / ".staging" / (staging_prefix_ + checkpointing::dir_name(iteration));
-  }
-
-  /// This rank's files of checkpoint `iteration` into its staging directory.
-  void write_now(std::int64_t iteration, checkpoint_payload const& payload) {
-    try {
-      std::error_code ec;
-      std::filesystem::create_directories(staging_of(iteration), ec);
-      if (ec)
-        throw cohort::error("cannot create " + staging_of(iteration).string() + " (" + ec.message() +
-                            "): check free space and that run_config.storage_path is writable");
-      if (payload.write) payload.write(staging_of(iteration), rank_);
-    } catch (std::exception const& e) {
-      throw cohort::error(std::string("writing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what());
-    }
-  }
-
-  /// A checkpoint that will not be committed: the payload's undo (a moved directory moved back).
-  void undo_write(std::int64_t iteration, checkpoint_payload const& payload) {
-    if (!payload.undo) return;
-    try {
-      payload.undo(staging_of(iteration), rank_);
-    } catch (...) {  // best effort: the error being reported is the write's
-    }
-  }
-
   /// Rank 0: commits the staging directory of checkpoint `iteration` and lists it. `payload`
   /// (sync mode): undone when the commit fails.
   void commit_now(std::int64_t iteration, nlohmann::json const& row, validate_fn const& validate = {},
                   checkpoint_payload const* payload = nullptr) {
     try {
-      checkpointing::commit(staging_of(iteration), checkpoints_.path_of(iteration),
+      checkpointing::commit(staging_.of(iteration), checkpoints_.path_of(iteration),
                             {{"training_iteration", iteration}, {"metrics", row}});
     } catch (std::exception const& e) {
-      if (payload) undo_write(iteration, *payload);
+      if (payload) staging_.undo(iteration, *payload);
       std::error_code ec;
-      std::filesystem::remove_all(staging_of(iteration), ec);
+      std::filesystem::remove_all(staging_.of(iteration), ec);
       throw cohort::error(std::string("committing checkpoint ") + checkpointing::dir_name(iteration) + " failed: " + e.what());
     }
-    checkpoints_.add(iteration, row, with_every(validate));
+    checkpoints_.add(iteration, row, checkpointing::validate_both(validate, validate_every_));
     if (!callbacks_) return;
     if (payload) committed_with_row_ = checkpoints_.path_of(iteration);  // sync: told after its row, as Ray
     else callbacks_->checkpoint(callback_id_, checkpoints_.path_of(iteration));  // async: committed later
@@ -333,16 +307,6 @@ class reporter {
     if (!callbacks_) return;
     if (rows_.is_open() && !rows_.history().empty()) callbacks_->trial_result(callback_id_, rows_.history().back());
     if (!committed_with_row_.empty()) callbacks_->checkpoint(callback_id_, std::exchange(committed_with_row_, {}));
-  }
-
-  /// The report's own validation, then the one of every checkpoint; metrics merged in that order.
-  validate_fn with_every(validate_fn const& own) const {
-    if (!validate_every_ || !own) return own ? own : validate_every_;
-    return [own, every = validate_every_](cohort::checkpoint const& c) {
-      auto m = own(c);
-      if (m.is_object()) m.update(every(c));  // otherwise retained records the error
-      return m;
-    };
   }
 
   /// Joins the writer and agrees on its outcome; what it wrote becomes rank 0's next commit.
@@ -364,7 +328,7 @@ class reporter {
   int rank_ = 0;
   std::filesystem::path run_path_;
   std::string const callback_id_ = run_path_.filename().string();  ///< the run's name, as callbacks know it
-  std::string staging_prefix_;  ///< unique per attempt: staging directories never collide
+  checkpointing::staging staging_{run_path_, {}, rank_};  ///< where this attempt stages its checkpoints
   checkpoint_mode mode_ = checkpoint_mode::sync;
   report_listener listener_;
   report::callback_runner* callbacks_;

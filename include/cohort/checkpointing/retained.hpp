@@ -31,6 +31,17 @@ using validate_fn = std::function<nlohmann::json(cohort::checkpoint const&)>;
 
 namespace checkpointing {
 
+/// A report's own validation `own`, then `every` (run_config's, for every checkpoint): their
+/// metrics merged in that order. Either may be empty.
+inline validate_fn validate_both(validate_fn const& own, validate_fn const& every) {
+  if (!every || !own) return own ? own : every;
+  return [own, every](cohort::checkpoint const& c) {
+    auto m = own(c);
+    if (m.is_object()) m.update(every(c));  // otherwise retained records the error
+    return m;
+  };
+}
+
 /// Rank 0's committed checkpoints of one run, oldest first; see the file comment. The list is
 /// shared with the validation thread behind a mutex; every other member belongs to the thread
 /// that commits checkpoints, one at a time: the training thread (checkpoint_mode::sync) or the
