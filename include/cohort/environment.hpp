@@ -43,14 +43,16 @@ inline int& job_local_rank() {
 ///   bound: 34 ms), of 16 MiB 224-248 ms and 147-219 ms (bound: 134 ms); four were no faster,
 ///   eight hung Open MPI 4.1 (docs/benchmarks.md, "Across hosts"). Inside one node Open MPI uses
 ///   shared memory and this does not apply.
-/// - pml ^cm, on a node without a fabric device (`fabric` false: no InfiniBand, Omni-Path, EFA or
-///   Slingshot, see node_has_fabric) and where the job names neither a PML nor an MTL: the cm PML
-///   drives such fabrics through libfabric or PSM2, and with none to drive it is never chosen,
-///   yet probing them took 0.20 s of MPI_Init's 0.24 s (docs/benchmarks.md, "One rank against
-///   the plain C++ loop, and where launch goes"). Open MPI then picks what it would have picked.
+/// - pml ^cm,ucx, on a node without a fabric device (`fabric` false: no InfiniBand, Omni-Path, EFA
+///   or Slingshot, see node_has_fabric) and where the job names neither a PML nor an MTL: the cm
+///   PML drives such fabrics through libfabric or PSM2 and the ucx PML through UCX; with no device
+///   to drive neither is chosen, yet probing them took 0.20 s of MPI_Init's 0.24 s
+///   (docs/benchmarks.md, "One rank against the plain C++ loop, and where launch goes"). Open MPI
+///   then picks ob1, as it would have. ucx is named too because the variable replaces the system
+///   file's `pml` (Debian's excludes ucx, whose start crashes a ThreadSanitizer build).
 inline std::vector<std::pair<std::string, std::string>> transport_defaults(bool fabric, bool job_names_pml) {
   std::vector<std::pair<std::string, std::string>> out{{"OMPI_MCA_btl_tcp_links", "2"}};
-  if (!fabric && !job_names_pml) out.emplace_back("OMPI_MCA_pml", "^cm");
+  if (!fabric && !job_names_pml) out.emplace_back("OMPI_MCA_pml", "^cm,ucx");
   return out;
 }
 

@@ -203,7 +203,7 @@ TEMPLATE_TEST_CASE("mpi reduces bfloat16 and float16 in float32, identically on 
 TEST_CASE("Open MPI runs with cohort's transport defaults unless the job set its own", "[comm][mpi]") {
   // cohort::environment (the tests' main) set them before MPI_Init; a job's own value wins.
   bool const job_names_pml =
-      (std::getenv("OMPI_MCA_pml") != nullptr && std::string_view(std::getenv("OMPI_MCA_pml")) != "^cm") ||
+      (std::getenv("OMPI_MCA_pml") != nullptr && std::string_view(std::getenv("OMPI_MCA_pml")) != "^cm,ucx") ||
       std::getenv("OMPI_MCA_mtl") != nullptr;
   for (auto const& [name, value] : cohort::detail::transport_defaults(cohort::detail::node_has_fabric(), job_names_pml)) {
     char const* set = std::getenv(name.c_str());
@@ -242,7 +242,7 @@ TEST_CASE("Open MPI runs with cohort's transport defaults unless the job set its
   }
 }
 
-TEST_CASE("the cm PML is left out only on a node without a fabric, where the job names no PML or MTL", "[comm][pure]") {
+TEST_CASE("the cm and ucx PMLs are left out only on a node without a fabric, where the job names no PML or MTL", "[comm][pure]") {
   using cohort::detail::transport_defaults;
   auto has_pml = [](auto const& settings) {
     return std::any_of(settings.begin(), settings.end(), [](auto const& kv) { return kv.first == "OMPI_MCA_pml"; });
@@ -250,7 +250,7 @@ TEST_CASE("the cm PML is left out only on a node without a fabric, where the job
   auto const plain = transport_defaults(false, false);
   REQUIRE(plain.size() == 2);
   CHECK(plain[0] == std::pair<std::string, std::string>{"OMPI_MCA_btl_tcp_links", "2"});
-  CHECK(plain[1] == std::pair<std::string, std::string>{"OMPI_MCA_pml", "^cm"});
+  CHECK(plain[1] == std::pair<std::string, std::string>{"OMPI_MCA_pml", "^cm,ucx"});
   CHECK_FALSE(has_pml(transport_defaults(true, false)));  // InfiniBand, Omni-Path, EFA, Slingshot: Open MPI chooses
   CHECK_FALSE(has_pml(transport_defaults(false, true)));  // the job's own choice
   CHECK(transport_defaults(true, true).size() == 1);
