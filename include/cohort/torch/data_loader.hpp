@@ -184,8 +184,9 @@ class data_loader {
 };
 
 /// An input range over one epoch. While it is iterated, worker threads make the next batches
-/// (options.num_workers of them, or one with prefetch_batches and no workers; none with both
-/// 0, or for in-memory batches where the intra-op threads take the rank's cores: loader_threads): each takes the next batch number, fetches its raw samples from the epoch's reader (one
+/// (options.num_workers of them, or one with prefetch_batches and no workers; none with both 0,
+/// or for in-memory batches where the intra-op threads take the rank's cores: loader_threads):
+/// each takes the next batch number, fetches its raw samples from the epoch's reader (one
 /// worker at a time, in batch order) and decodes them in parallel with the others; batches are
 /// handed out in batch order whatever the threads' timing, at most max(prefetch_batches,
 /// num_workers) made ahead. The workers stop when the range is destroyed (also after a `break`).
