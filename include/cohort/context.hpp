@@ -22,7 +22,7 @@
 #include "cohort/comm/any.hpp"
 #include "cohort/detail/lockstep.hpp"
 #include "cohort/gradients/model_options.hpp"
-#include "cohort/reporter.hpp"
+#include "cohort/report/protocol.hpp"
 #include "cohort/scaling/device.hpp"
 #include "cohort/scaling/topology.hpp"
 #include "cohort/sharding/datasets.hpp"
@@ -48,7 +48,7 @@ class context {
  public:
   /// Built by the trainer.
   context(scaling::topology topo, cohort::device dev, int threads, std::string name, std::filesystem::path run_path,
-          comm::any& work, detail::reporter& reports,
+          comm::any& work, report::protocol& reports,
           sharding::indices_fn shard,
           cohort::datasets const* data = nullptr, std::uint64_t sharding_seed = 0)
       : topo_(topo), device_(dev), threads_(threads), name_(std::move(name)), run_path_(std::move(run_path)),
@@ -158,7 +158,7 @@ class context {
   std::string name_;
   std::filesystem::path run_path_;
   comm::any& comm_;
-  detail::reporter& reports_;
+  report::protocol& reports_;
   sharding::indices_fn shard_;
   cohort::datasets const* datasets_;
   std::uint64_t sharding_seed_;

@@ -33,7 +33,7 @@
 #include "cohort/detail/run_setup.hpp"
 #include "cohort/environment.hpp"
 #include "cohort/report/callbacks.hpp"
-#include "cohort/reporter.hpp"
+#include "cohort/report/protocol.hpp"
 #include "cohort/result.hpp"
 #include "cohort/run_config.hpp"
 
@@ -86,13 +86,13 @@ class trainer {
   /// other ranks are stuck in a collective the failed rank will not enter. Never hangs.
   template <class Config, comm::communicator C>
   auto fit(Config const& config, run_config const& run, C& comm) {
-    return fit(config, run, comm, detail::report_listener{});
+    return fit(config, run, comm, report::listener{});
   }
 
   /// As above, with `listener` consulted after every report (rank 0 calls it, every rank learns
   /// its answer): how cohort::tuner runs a trial and stops it early.
   template <class Config, comm::communicator C>
-  auto fit(Config const& config, run_config const& run, C& comm, detail::report_listener listener) {
+  auto fit(Config const& config, run_config const& run, C& comm, report::listener listener) {
     if (run.validators.ranks == 0) return fit_ranks(config, run, comm, std::move(listener), validate_fn{});
     return fit_with_validators(config, run, comm, std::move(listener));
   }
@@ -108,7 +108,7 @@ class trainer {
   /// (checkpointing/validators.hpp). Every rank returns the trainers' result.
   template <class Config, comm::communicator C>
   result<return_of<Config>> fit_with_validators(Config const& config, run_config const& run, C& comm,
-                                                detail::report_listener listener) {
+                                                report::listener listener) {
     result<return_of<Config>> out;
     int const timeout_ms = std::max(run.collective_timeout_ms, 0);
     comm::any all(comm.split(0, comm.rank()));
@@ -147,7 +147,7 @@ class trainer {
 
   /// fit() on the ranks that train; `validate_every` (rank 0) validates every committed checkpoint.
   template <class Config, comm::communicator C>
-  auto fit_ranks(Config const& config, run_config const& run, C& comm, detail::report_listener listener,
+  auto fit_ranks(Config const& config, run_config const& run, C& comm, report::listener listener,
                  validate_fn validate_every) {
     using param_type = detail::config_param_t<Fn, Config>;
     constexpr bool takes_config = std::is_invocable_v<Fn&, context&, param_type const&>;
@@ -169,7 +169,7 @@ class trainer {
     if (rank == 0 && !listener && !setup.error) callbacks = report::make_callback_runner(
           std::apply([](auto const&... p) { return detail::those_matching<detail::is_callback>(p...); }, policies_));
     report::experiment_info const info{.name = setup.name, .path = run_path, .world_size = comms.control.size()};
-    detail::reporter reports(comms.control, steps,
+    report::protocol reports(comms.control, steps,
                              {.rank = rank,
                               .run_path = run_path,
                               .mode = run.checkpoint_mode,
@@ -223,7 +223,7 @@ class trainer {
   /// The functor. Any exception is held until every rank has finished; the other ranks learn of
   /// it at their next agreement (lockstep), or the job is aborted after abort_timeout_ms.
   template <class Return, class Param>
-  detail::outcome<Return> call(context& ctx, Param const& param, detail::lockstep& steps, detail::reporter& reports) {
+  detail::outcome<Return> call(context& ctx, Param const& param, detail::lockstep& steps, report::protocol& reports) {
     detail::outcome<Return> out;
     try {
       if constexpr (std::is_void_v<Return>) {
@@ -235,9 +235,9 @@ class trainer {
       }
       steps.agree(detail::step::end);  // every rank returned, from the same place
       reports.flush();                 // async checkpoints still in flight
-    } catch (detail::stopped_by_tuner const& s) {
+    } catch (report::stopped_by_tuner const& s) {
       out.stopped = s.reason;
-    } catch (detail::preempted const& p) {
+    } catch (report::preempted const& p) {
       out.preempted = true;
       out.failure = std::string("stopped by ") + (p.signal == SIGINT ? "SIGINT" : "SIGTERM") + " after report " +
                     std::to_string(p.iteration) + " (its checkpoint, if any, is committed): rerun the same command to resume";

@@ -45,7 +45,7 @@ inline validate_fn validate_both(validate_fn const& own, validate_fn const& ever
 /// Rank 0's committed checkpoints of one run, oldest first; see the file comment. The list is
 /// shared with the validation thread behind a mutex; every other member belongs to the thread
 /// that commits checkpoints, one at a time: the training thread (checkpoint_mode::sync) or the
-/// reporter's worker thread (checkpoint_mode::async), never both in one run.
+/// report protocol's worker thread (checkpoint_mode::async), never both in one run.
 class retained {
  public:
   /// The checkpointing policy's decision: the indices of `all` to keep.

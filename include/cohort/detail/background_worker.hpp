@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// One long-lived background thread that runs jobs in order: a rank's async checkpoint writes and
-/// progress lines share one (detail::reporter's worker); a gradient reducer's all-reduces have one.
+/// progress lines share one (report::protocol's worker); a gradient reducer's all-reduces have one.
 /// Handing a job to a waiting thread costs a wake-up, where starting a thread per job cost a
 /// clone() and, on busy cores, sometimes milliseconds before the caller ran again.
 

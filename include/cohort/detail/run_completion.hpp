@@ -22,7 +22,7 @@
 #include "cohort/comm/collectives.hpp"
 #include "cohort/comm/deadline.hpp"
 #include "cohort/detail/lockstep.hpp"
-#include "cohort/reporter.hpp"
+#include "cohort/report/protocol.hpp"
 #include "cohort/result.hpp"
 
 namespace cohort::detail {
@@ -61,7 +61,7 @@ inline void tell_the_others(lockstep& steps, std::string const& failure, int abo
 /// their own (the others only say they stopped), or report counts that differ. A failed rank
 /// waits at most `abort_timeout_ms` for the others, then aborts the job rather than hang.
 template <class Return>
-std::optional<std::string> complete(comm::any& control, reporter& reports, outcome<Return> const& ran, int abort_timeout_ms) {
+std::optional<std::string> complete(comm::any& control, report::protocol& reports, outcome<Return> const& ran, int abort_timeout_ms) {
   auto const& failure = ran.failure;
   std::int64_t status[3] = {failure ? (ran.secondary ? 1 : 2) : 0, reports.rows().reports_this_attempt(),
                             -reports.rows().reports_this_attempt()};
@@ -85,7 +85,7 @@ std::optional<std::string> complete(comm::any& control, reporter& reports, outco
 /// tuner's, in its result_grid, and only the last report comes back), the latest and the
 /// retained checkpoints, and every rank's return value.
 template <class Return, class Checkpointing>
-void collect_results(result<Return>& out, comm::any& control, reporter& reports, outcome<Return>& ran,
+void collect_results(result<Return>& out, comm::any& control, report::protocol& reports, outcome<Return>& ran,
                      Checkpointing const& policy) {
   int const rank = control.rank();
   std::string history;

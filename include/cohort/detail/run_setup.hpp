@@ -34,7 +34,7 @@
 #include "cohort/detail/shared_storage.hpp"
 #include "cohort/detail/utc_stamp.hpp"
 #include "cohort/environment.hpp"
-#include "cohort/reporter.hpp"
+#include "cohort/report/protocol.hpp"
 #include "cohort/run_config.hpp"
 #include "cohort/scaling/cpu.hpp"
 #include "cohort/scaling/cuda.hpp"
@@ -195,7 +195,7 @@ struct opened_run {
 
 template <class Param>
 opened_run open_run(run_config const& run, std::filesystem::path const& run_path, agreed_config<Param> const& setup,
-                    reporter& reports, lockstep& steps, comm::any& control) {
+                    report::protocol& reports, lockstep& steps, comm::any& control) {
   auto err = setup.error;
   std::string resume_text = "{}";  // rank 0: nothing to resume from, unless found below
   if (!err && run.checkpoint_mode == checkpoint_mode::async) {

@@ -159,7 +159,7 @@ struct torch_state {
     }
     changed = changed || sampled_values(copies) != values_at_report;
     // `sources` keeps its references: the training thread drops them once it has waited for the
-    // writer (detail::reporter::settle_writes), so that a live tensor the training thread frees later
+    // writer (report::protocol::settle_writes), so that a live tensor the training thread frees later
     // (the functor's optimizer, destroyed while the writer still copies) is freed after the
     // writer's reads in an order ThreadSanitizer sees (LibTorch's reference counts it cannot).
     gate->open();

@@ -275,7 +275,7 @@ class tuner {
   cohort::result<void> run_trial(std::optional<coordinator_type>& coord, nlohmann::json const& config,
                                  run_config const& trial_run, std::size_t num_failures, MPI_Comm comm, comm::mpi& group,
                                  int rank) {
-    cohort::detail::report_listener listener{
+    cohort::report::listener listener{
         .decide = [&, id = trial_run.name](nlohmann::json const& row) {
           nlohmann::json msg{{"trial_id", id}, {"row", row}};
           if (rank == 0) return coord->local_result(std::move(msg));
