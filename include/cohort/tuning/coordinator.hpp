@@ -31,6 +31,7 @@
 #include "cohort/tuning/result_grid.hpp"
 #include "cohort/tuning/search_space.hpp"
 #include "cohort/tuning/trial_book.hpp"
+#include "cohort/tuning/trial_events.hpp"
 #include "cohort/tuning/tune_config.hpp"
 
 namespace cohort::tuning::detail {
@@ -164,15 +165,26 @@ class coordinator {
   /// A group's result: answered at once, or under tune_config::reproducible held until its turn.
   void on_result(std::size_t group, nlohmann::json msg) {
     if (!cfg_.reproducible) return deliver(group, book_.on_result(std::move(msg)));
-    held_by_[msg.at("trial_id").get<std::string>()] = group;
-    book_.hold(std::move(msg));
+    auto id = msg.at("trial_id").get<std::string>();
+    auto const n = trial_number(id).value_or(0);
+    held_by_[std::move(id)] = group;
+    held_.hold(n, std::move(msg));
     answer_released();
   }
 
   /// Under tune_config::reproducible: the answers to the held results whose turn has come.
   void answer_released() {
     if (!cfg_.reproducible) return;
-    for (auto& [id, answer] : book_.release()) {
+    auto const turn_of = [&](std::size_t n, std::int64_t level) { return book_.turn_of(n, level); };
+    auto const decide = [&](nlohmann::json msg) -> nlohmann::json {
+      try {
+        return book_.on_result(std::move(msg));
+      } catch (std::exception const& e) {  // a broken invariant of the tuner: its group still gets an answer
+        book_.fail(std::string("the tuner's coordinator failed: ") + e.what());
+        return {{"what", "stop"}};
+      }
+    };
+    for (auto& [id, answer] : held_.release(turn_of, decide)) {
       auto const group = held_by_.at(id);
       held_by_.erase(id);
       if (leaders_[group] == 0) {
@@ -258,6 +270,7 @@ class coordinator {
   std::optional<nlohmann::json> local_reply_;
   std::optional<nlohmann::json> local_answer_;  ///< rank 0's group's held result, answered (reproducible)
   std::map<std::string, std::size_t> held_by_;  ///< held results: the group waiting for each (reproducible)
+  held_results held_;  ///< tune_config::reproducible: results held for their turn (trial_book::turn_of)
   std::deque<std::size_t> waiting_;  ///< groups that asked for a trial while none was free
   std::size_t groups_done_ = 0;
   std::chrono::steady_clock::time_point last_table_ = std::chrono::steady_clock::now(), last_state_ = last_table_;

@@ -1,8 +1,9 @@
 #pragma once
 /// \file
-/// What the book of trials tells others of its trials: the searcher (results, pauses, ends; under
-/// tune_config::reproducible in trial order) and rank 0's callbacks (starts, results, committed
-/// checkpoints).
+/// What the book of trials tells others of its trials, and in what order: the searcher (results,
+/// pauses, ends; under tune_config::reproducible in trial order), the trial groups (under
+/// tune_config::reproducible, each result's answer in trial order) and rank 0's callbacks
+/// (starts, results, committed checkpoints).
 
 #include <cstddef>
 #include <cstdint>
@@ -82,6 +83,38 @@ class searcher_feed {
   std::size_t told_upto_ = 0;  ///< trials below it handed over
 };
 
+/// Under tune_config::reproducible: the trials' results ({"trial_id", "row"}) held until their
+/// turn comes, then decided in trial order, whatever order they arrived in.
+class held_results {
+ public:
+  /// Holds result `msg` of trial number `n`.
+  void hold(std::size_t n, nlohmann::json msg) { held_[n] = std::move(msg); }
+
+  /// The held results whose turn has come (`turn_of(n, iteration)`), in trial order, each with
+  /// its answer `decide(msg)`: (trial id, answer). A decision can bring another result's turn:
+  /// every result is looked at again after each.
+  template <class TurnOf, class Decide>
+  std::vector<std::pair<std::string, nlohmann::json>> release(TurnOf const& turn_of, Decide&& decide) {
+    std::vector<std::pair<std::string, nlohmann::json>> out;
+    for (bool more = true; more;) {
+      more = false;
+      for (auto it = held_.begin(); it != held_.end(); ++it) {
+        if (!turn_of(it->first, it->second.at("row").value("training_iteration", std::int64_t{0}))) continue;
+        auto msg = std::move(it->second);
+        held_.erase(it);
+        auto id = msg.at("trial_id").template get<std::string>();
+        out.emplace_back(std::move(id), decide(std::move(msg)));
+        more = true;
+        break;
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::map<std::size_t, nlohmann::json> held_;  ///< by trial number
+};
+
 /// Rank 0's callbacks (report/callbacks.hpp) as the book tells them of the trials of experiment
 /// directory `exp`; a null runner: none.
 struct trial_callbacks {
@@ -112,6 +145,17 @@ struct trial_callbacks {
       t.told_checkpoint = iteration;
       runner->checkpoint(t.id, std::move(dir));
     }
+  }
+
+  /// The trial ended in ERROR: its checkpoints not told yet, then its error.
+  void error(trial_state& t) const {
+    checkpoints(t);
+    runner->trial_error(t.id, t.error);
+  }
+  /// The trial ended for good otherwise (TERMINATED): its checkpoints not told yet, then its end.
+  void complete(trial_state& t) const {
+    checkpoints(t);
+    runner->trial_complete(t.id);
   }
 
   /// The trial's committed checkpoints not told yet (async mode commits after the result).
