@@ -247,3 +247,60 @@ TEST_CASE("under HyperBand the book pauses trials at milestones and resumes or s
                                                 {"trial_00004", 3}, {"trial_00005", 3}, {"trial_00006", 9}, {"trial_00007", 9}});
   CHECK(statuses(book) == std::vector<std::string>(8, "TERMINATED"));
 }
+
+TEST_CASE("held results are answered in trial order, each once its turn has come", "[tuning][pure]") {
+  // Catches: results answered in arrival order (a reproducible experiment would then depend on
+  // timing), one answered before its turn, or one never answered after a decision brought its turn.
+  cohort::tuning::detail::held_results held;
+  auto at = [](std::string const& id, std::int64_t it) { return json{{"trial_id", id}, {"row", {{"training_iteration", it}}}}; };
+  held.hold(2, at("trial_00002", 1));
+  held.hold(0, at("trial_00000", 1));
+  held.hold(1, at("trial_00001", 2));
+  std::int64_t reached_by_0 = 0;  // trial 0 still running: trial 1's iteration 2 waits for it to reach 2
+  auto const turn_of = [&](std::size_t n, std::int64_t level) { return n == 0 || reached_by_0 >= level; };
+  std::vector<std::string> order;
+  auto const decide = [&](json msg) {
+    auto id = msg.at("trial_id").get<std::string>();
+    order.push_back(id);
+    if (id == "trial_00000") reached_by_0 = 1;
+    return json{{"what", "proceed"}, {"for", id}};
+  };
+  auto first = held.release(turn_of, decide);
+  REQUIRE(first.size() == 2);
+  CHECK(first[0].first == "trial_00000");
+  CHECK(first[1].first == "trial_00002");
+  CHECK(first[1].second.at("for") == "trial_00002");
+  CHECK(order == std::vector<std::string>{"trial_00000", "trial_00002"});
+  reached_by_0 = 2;
+  auto second = held.release(turn_of, decide);
+  REQUIRE(second.size() == 1);
+  CHECK(second[0].first == "trial_00001");
+  CHECK(held.release(turn_of, decide).empty());
+}
+
+TEST_CASE("a pause decided while the trial was still pausing is applied once the pause commits, then forgotten", "[tuning][pure]") {
+  // Catches: a stop or resume decided during the pause lost, applied twice, or kept after the
+  // trial ended otherwise (a later pause of it would then stop it).
+  using cohort::tuning::detail::after_pause;
+  auto const exp = fresh("trial_restarts");
+  cohort::tuning::detail::trial_roster roster(exp);
+  cohort::tuning::detail::trial_restarts restarts(exp);
+  for (auto id : {"trial_00000", "trial_00001", "trial_00002"}) {
+    cohort::tuning::detail::trial_state t;
+    t.id = id;
+    roster.run(roster.add(std::move(t)));
+  }
+  int terminated = 0, readded = 0;
+  cohort::tuning::paused_decisions d;
+  d.stop = {"trial_00000"};
+  d.resume = {"trial_00001"};
+  CHECK(restarts.apply(d, roster, [&](auto&) { ++terminated; }, [&](auto&) { ++readded; }));
+  CHECK(terminated == 0);  // still RUNNING: applied when its pause commits
+  CHECK(restarts.take("trial_00000") == after_pause::stop);
+  CHECK(restarts.take("trial_00000") == after_pause::stay_paused);
+  CHECK(restarts.take("trial_00002") == after_pause::stay_paused);
+  restarts.forget(roster.at("trial_00001"));  // it ended otherwise
+  CHECK(restarts.take("trial_00001") == after_pause::stay_paused);
+  CHECK_FALSE(restarts.apply({}, roster, [&](auto&) { ++terminated; }, [&](auto&) { ++readded; }));
+  CHECK(readded == 0);
+}
