@@ -1,4 +1,4 @@
-// libFuzzer target: safetensors::parse_header on arbitrary bytes (the checks safetensors::load
+// libFuzzer target: checkpointing::safetensors::parse_header on arbitrary bytes (the checks safetensors::load
 // makes before it allocates anything). It must return or throw cohort::error; an accepted
 // header's tensors must lie inside the file, their byte counts match shape x dtype size, and
 // their shapes fit in a tensor's int64 sizes.
@@ -11,7 +11,7 @@
 extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size) {
   std::string_view const file(reinterpret_cast<char const*>(data), size);
   try {
-    auto const h = cohort::safetensors::parse_header(file, "fuzz.safetensors");
+    auto const h = cohort::checkpointing::safetensors::parse_header(file, "fuzz.safetensors");
     if (h.data_start + h.data_bytes != size) __builtin_trap();
     for (auto const& t : h.tensors) {
       if (t.begin > t.end || t.end > h.data_bytes) __builtin_trap();  // inside the file
@@ -22,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size
         if (d != 0) extent *= static_cast<std::uint64_t>(d);
         if (extent > std::numeric_limits<std::int64_t>::max()) __builtin_trap();
       }
-      if (count * cohort::safetensors::dtype_bytes(t.dtype) != t.end - t.begin) __builtin_trap();
+      if (count * cohort::checkpointing::safetensors::dtype_bytes(t.dtype) != t.end - t.begin) __builtin_trap();
     }
   } catch (cohort::error const&) {
   }

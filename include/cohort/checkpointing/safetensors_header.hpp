@@ -2,8 +2,8 @@
 /// \file
 /// The header of a safetensors file, parsed and checked without LibTorch: an 8-byte
 /// little-endian header length, a JSON object naming each tensor's dtype, shape and byte range,
-/// then the raw bytes. safetensors::load (cohort/torch/safetensors.hpp) allocates only what this
-/// accepted; the fuzz target fuzz/safetensors.cpp calls it on arbitrary bytes.
+/// then the raw bytes. cohort::safetensors::load (cohort/torch/safetensors.hpp) allocates only
+/// what this accepted; the fuzz target fuzz/safetensors.cpp calls it on arbitrary bytes.
 
 #include <cstddef>
 #include <cstdint>
@@ -17,7 +17,7 @@
 
 #include "cohort/error.hpp"
 
-namespace cohort::safetensors {
+namespace cohort::checkpointing::safetensors {
 
 /// One tensor of a safetensors header, checked against the file it came from.
 struct header_entry {
@@ -96,4 +96,4 @@ inline parsed_header parse_header(std::string_view file, std::filesystem::path c
   return out;
 }
 
-}  // namespace cohort::safetensors
+}  // namespace cohort::checkpointing::safetensors

@@ -87,7 +87,7 @@ inline std::vector<std::pair<std::string, torch::Tensor>> load(std::filesystem::
   std::ifstream in(path, std::ios::binary);
   if (!in) throw cohort::error(path.string() + ": cannot open");
   std::vector<char> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  auto const h = parse_header({bytes.data(), bytes.size()}, path);  // every check, before any allocation
+  auto const h = checkpointing::safetensors::parse_header({bytes.data(), bytes.size()}, path);  // every check, before any allocation
   char const* base = bytes.data() + h.data_start;
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (auto const& e : h.tensors) {
