@@ -6,12 +6,15 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "cohort/comm/deadline.hpp"
 #include "cohort/tuning/result_grid.hpp"
 
 namespace cohort::tuning::detail {
@@ -29,7 +32,16 @@ inline void send_json(MPI_Comm comm, int dest, int tag, nlohmann::json const& j)
 /// parses it; `status` receives the sender and tag.
 inline nlohmann::json recv_json(MPI_Comm comm, int source, int tag, MPI_Status* status = nullptr) {
   MPI_Status st;
-  MPI_Probe(source, tag, comm, &st);
+  // Polled, not MPI_Probe: Open MPI's blocking probe spins on a core, and a leader waiting for
+  // the coordinator's answer would take that core from rank 0's coordinator thread, which has
+  // to run for the answer to come (bench_tune trials/N, results/N at 2 ranks on 2 cores).
+  int flag = 0;
+  for (int polls = 0;; ++polls) {
+    MPI_Iprobe(source, tag, comm, &flag, &st);
+    if (flag) break;
+    if (polls < 20) std::this_thread::yield();
+    else comm::detail::precise_sleep(std::chrono::microseconds(20));
+  }
   int n = 0;
   MPI_Get_count(&st, MPI_CHAR, &n);
   std::string s(static_cast<std::size_t>(n), '\0');
