@@ -97,6 +97,15 @@ class trainer {
     return fit_with_validators(config, run, comm, std::move(listener));
   }
 
+  /// As above, without validators, on communicators the caller split (detail::run_comms) and may
+  /// use again for the next run when this one ended without an error: cohort::tuner keeps a trial
+  /// group's between trials (splitting three per trial was a quarter of a one-report trial's
+  /// cost, bench_tune trials/N).
+  template <class Config>
+  auto fit(Config const& config, run_config const& run, detail::run_comms& comms, report::listener listener) {
+    return fit_on(config, run, comms, std::move(listener), validate_fn{});
+  }
+
  private:
   /// The functor's return type for a `Config`.
   template <class Config, class Param = detail::config_param_t<Fn, Config>>
@@ -149,6 +158,14 @@ class trainer {
   template <class Config, comm::communicator C>
   auto fit_ranks(Config const& config, run_config const& run, C& comm, report::listener listener,
                  validate_fn validate_every) {
+    detail::run_comms comms(comm, std::max(run.collective_timeout_ms, 0));
+    return fit_on(config, run, comms, std::move(listener), std::move(validate_every));
+  }
+
+  /// fit_ranks() on communicators already split.
+  template <class Config>
+  auto fit_on(Config const& config, run_config const& run, detail::run_comms& comms, report::listener listener,
+              validate_fn validate_every) {
     using param_type = detail::config_param_t<Fn, Config>;
     constexpr bool takes_config = std::is_invocable_v<Fn&, context&, param_type const&>;
     static_assert(takes_config || std::is_invocable_v<Fn&, context&>,
@@ -158,12 +175,11 @@ class trainer {
     result<return_type> out;
 
     int const timeout_ms = std::max(run.collective_timeout_ms, 0);  // 0: no deadline
-    detail::run_comms comms(comm, timeout_ms);
     int const rank = comms.control.rank();
     auto setup = detail::agree_on_config<param_type>(scaling(), config, run, comms.control);
     auto const run_path = std::filesystem::path(run.storage_path) / setup.name;
     out.path = run_path;
-    detail::lockstep steps(std::move(comms.check));
+    detail::lockstep steps(comm::any::ref(comms.check));
     // The run's callbacks, on rank 0, outside a tuner (whose callbacks see every trial).
     std::unique_ptr<report::callback_runner> callbacks;
     if (rank == 0 && !listener && !setup.error) callbacks = report::make_callback_runner(

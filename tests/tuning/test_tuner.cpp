@@ -346,6 +346,43 @@ TEST_CASE("a trial that throws is an ERROR trial; the others go on", "[tuning][m
   CHECK(grid.best_result().config.at("x") == 2);
 }
 
+TEST_CASE("a trial group's communicators serve the next trial only after a trial that ended cleanly", "[tuning][mpi]") {
+  // Catches: a group's communicators kept after a failed trial. The failing trial's root sends
+  // into a broadcast its other rank never enters; the next trial's broadcast on the same
+  // communicator would receive that stale value (100 + 1) instead of its own, and fail.
+  int const n = world_size();
+  if (n % 2 != 0) {
+    SUCCEED("groups of 2 need an even rank count (the case runs at 2 and 4 ranks)");
+    return;
+  }
+  auto const storage = cohort_test::scratch("tune_comms_reused");
+  auto fn = [](cohort::context& ctx, nlohmann::json const& config) {
+    int const x = config.at("x").get<int>();
+    if (x == 1 && ctx.world_rank() == 1) throw std::runtime_error("x = 1 fails on rank 1 before the broadcast");
+    std::int64_t value = ctx.world_rank() == 0 ? 100 + x : -1;
+    ctx.comm().broadcast(reinterpret_cast<std::byte*>(&value), sizeof value, 0);
+    if (value != 100 + x) throw std::runtime_error("received " + std::to_string(value) + ": another trial's broadcast");
+    ctx.report({{"score", x}, {"received", value}});
+    ctx.report({{"score", x}, {"received", value}});
+  };
+  cohort::tuner tuner{fn, cohort::tune_config{.metric = "score", .ranks_per_trial = 2, .status_interval_s = 1e9}};
+  auto grid = tuner.fit(cohort::space{{"x", cohort::grid_search({0, 1, 2, 3, 4, 5})}},
+                        {.name = "reused", .storage_path = storage.string(), .verbose = 0, .abort_timeout_ms = 5000});
+  REQUIRE(grid.ok());
+  REQUIRE(grid.size() == 6);
+  CHECK(grid.num_errors() == 1);
+  for (auto const& t : grid.trials) {
+    int const x = t.config.at("x").get<int>();
+    if (x == 1) {
+      CHECK(t.status == "ERROR");
+      continue;
+    }
+    CHECK(t.status == "TERMINATED");
+    CHECK(t.metrics.at("received") == 100 + x);
+    CHECK(t.metrics_history.size() == 2);
+  }
+}
+
 namespace {
 
 /// A trial of 5 reports (score = x * step), those of even steps with a checkpoint holding the step,

@@ -238,6 +238,7 @@ class tuner {
     run_config trial_run = run;
     trial_run.storage_path = exp.string();
     trial_run.verbose = run.verbose >= 2 ? 1 : 0;
+    std::optional<cohort::detail::run_comms> comms;  // the trainer's, kept while trials end cleanly
     for (;;) {
       std::string text;
       if (leader) {
@@ -257,7 +258,7 @@ class tuner {
       trial_run.name = id;
       trial_run.resume_from_checkpoint = assignment.value("restore_from", std::string{});
       auto r = run_trial(coord, assignment.at("config"), trial_run, assignment.value("num_failures", std::size_t{0}), comm,
-                         group, rank);
+                         group, comms, rank);
       if (leader) {
         nlohmann::json msg{{"trial_id", id},
                            {"outcome", r.preempted ? "preempted" : r.error ? "error" : r.stopped.value_or("finished")}};
@@ -269,12 +270,14 @@ class tuner {
   }
 
   /// One trial on this rank's group: the trainer run with a listener that sends every report to
-  /// the coordinator and returns its decision, each row carrying the trial's `num_failures`. A signal that arrived between trials stops the
-  /// experiment before this one starts (the trial stays pending); the trainer's own guard handles
-  /// signals during the trial.
+  /// the coordinator and returns its decision, each row carrying the trial's `num_failures`. A
+  /// signal that arrived between trials stops the experiment before this one starts (the trial
+  /// stays pending); the trainer's own guard handles signals during the trial. The trainer runs
+  /// on `comms`, split from `group` when empty and emptied after a trial that failed (a failure
+  /// may leave messages unreceived), the same on every rank of the group as the trial's outcome is.
   cohort::result<void> run_trial(std::optional<coordinator_type>& coord, nlohmann::json const& config,
                                  run_config const& trial_run, std::size_t num_failures, MPI_Comm comm, comm::mpi& group,
-                                 int rank) {
+                                 std::optional<cohort::detail::run_comms>& comms, int rank) {
     cohort::report::listener listener{
         .decide = [&, id = trial_run.name](nlohmann::json const& row) {
           nlohmann::json msg{{"trial_id", id}, {"row", row}};
@@ -291,7 +294,10 @@ class tuner {
       r.error = std::string("stopped by ") + (signal == SIGINT ? "SIGINT" : "SIGTERM");
       return r;
     }
-    auto run_result = trainer_.fit(config, trial_run, group, listener);
+    if (trial_run.validators.ranks == 0 && !comms) comms.emplace(group, std::max(trial_run.collective_timeout_ms, 0));
+    auto run_result = trial_run.validators.ranks > 0 ? trainer_.fit(config, trial_run, group, listener)
+                                                     : trainer_.fit(config, trial_run, *comms, listener);
+    if (run_result.error || run_result.preempted) comms.reset();
     r.preempted = run_result.preempted;
     r.error = run_result.error;
     r.stopped = run_result.stopped;
