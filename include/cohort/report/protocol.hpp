@@ -63,7 +63,7 @@ struct protocol_options {
   int rank = 0;                                     ///< in the trainer's communicator
   std::filesystem::path run_path{};                 ///< the run directory (written by rank 0)
   checkpoint_mode mode = checkpoint_mode::sync;     ///< run_config::checkpoint_mode
-  report::listener listener{};                       ///< set (on every rank) when a tuner runs this fit as a trial
+  report::listener listener{};                      ///< set (on every rank) when a tuner runs this fit as a trial
   callback_runner* callbacks = nullptr;             ///< rank 0 outside a tuner: told of each row and commit
   checkpointing::retained::retain_fn retain{};      ///< the checkpointing policy's decision
   /// Rank 0: validates every committed checkpoint after the report's own validate_fn, if any
