@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <limits>
@@ -205,6 +206,23 @@ TEST_CASE("the HTML report: the trials table, one plot per metric with a line pe
   CHECK(count_of(line, ",") >= 300);
   CHECK(thinned.find("nan") == std::string::npos);
   CHECK(thinned.find("inf") == std::string::npos);
+}
+
+TEST_CASE("evenly_spaced: at most `most` indices, the first and the last among them", "[report][pure]") {
+  using cohort::report::evenly_spaced;
+  CHECK(evenly_spaced(0, 5).empty());
+  CHECK(evenly_spaced(4, 0).empty());
+  CHECK(evenly_spaced(3, 5) == std::vector<std::size_t>{0, 1, 2});
+  CHECK(evenly_spaced(7, 1) == std::vector<std::size_t>{6});
+  CHECK(evenly_spaced(9, 3) == std::vector<std::size_t>{0, 4, 8});
+  for (std::size_t n : {10u, 1001u, 25000u}) {
+    auto const at = evenly_spaced(n, 600);
+    REQUIRE(at.size() == std::min<std::size_t>(n, 600));
+    CHECK(at.front() == 0);
+    CHECK(at.back() == n - 1);
+    CHECK(std::adjacent_find(at.begin(), at.end(), [](auto a, auto b) { return a >= b; }) == at.end());
+    if (n > 600) CHECK(at[300] - at[299] <= (n - 1) / 599 + 1);  // even, not bunched
+  }
 }
 
 TEST_CASE("report.html marks the best trial, draws the configs against the metric, and leaves counters out of the plots", "[report][pure]") {

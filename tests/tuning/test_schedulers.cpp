@@ -2,6 +2,8 @@
 #include <cohort/tuning/schedule/hyperband_brackets.hpp>
 
 #include <cmath>
+#include <limits>
+#include <random>
 #include <set>
 #include <string>
 #include <tuple>
@@ -62,6 +64,9 @@ TEST_CASE("fifo lets every trial proceed", "[tuning][pure]") {
   for (int i = 1; i < 5; ++i) CHECK(f.on_trial_result("a", at(i, "score", -i)).what == go);
   CHECK(f.save_state() == json::object());
   CHECK(f.debug_string() == "Using FIFO scheduling algorithm.");
+  auto const span = f.proceeds("a");  // every result: the tuner need not wait for fifo's answers
+  CHECK(span.key.empty());
+  CHECK(span.below == std::numeric_limits<double>::infinity());
 }
 
 TEST_CASE("numpy's linear nanpercentile is reproduced", "[tuning][pure]") {
@@ -148,6 +153,66 @@ TEST_CASE("asha without stop_last_trials records at max_t and lets the trial go 
   // B at 2: rung 2 {A=5}: cutoff 5; 1 < 5 stops.
   CHECK(replay(a, {{"A", 1, 1}, {"A", 2, 5}, {"A", 3, 5}, {"B", 1, 2}, {"B", 2, 1}}) ==
         std::vector<decision>{go, go, go, go, halt});
+}
+
+TEST_CASE("asha's proceed span: below the next milestone a trial has not recorded at, and below max_t", "[tuning][pure]") {
+  schedule::asha a{.metric = "score", .max_t = 8, .grace_period = 1, .reduction_factor = 2};  // rungs 8, 4, 2, 1
+  a.setup({});
+  CHECK(a.proceeds("A").below == -std::numeric_limits<double>::infinity());  // not added: nothing is sure
+  a.on_trial_add("A", json::object());
+  CHECK(a.proceeds("A").key == "training_iteration");
+  CHECK(a.proceeds("A").below == 1);
+  a.on_trial_result("A", at(1, "score", 5));
+  CHECK(a.proceeds("A").below == 2);
+  a.on_trial_result("A", at(3, "score", 5));  // records at the rung at 2
+  CHECK(a.proceeds("A").below == 4);
+  a.on_trial_result("A", at(4, "score", 5));
+  CHECK(a.proceeds("A").below == 8);  // the rung at 8, which is max_t too
+  schedule::asha long_run{.metric = "score", .max_t = 6, .grace_period = 1, .reduction_factor = 4};  // rungs 4, 1
+  long_run.setup({});
+  long_run.on_trial_add("A", json::object());
+  long_run.on_trial_result("A", at(1, "score", 1));
+  long_run.on_trial_result("A", at(4, "score", 1));
+  CHECK(long_run.proceeds("A").below == 6);  // max_t: stop_last_trials
+  schedule::asha endless{.metric = "score", .max_t = 6, .grace_period = 1, .reduction_factor = 4, .stop_last_trials = false};
+  endless.setup({});
+  endless.on_trial_add("A", json::object());
+  endless.on_trial_result("A", at(1, "score", 1));
+  endless.on_trial_result("A", at(4, "score", 1));
+  CHECK(endless.proceeds("A").below == std::numeric_limits<double>::infinity());
+}
+
+TEST_CASE("asha answers proceed to every result inside the span it gave, whatever the others report", "[tuning][pure]") {
+  // Random curves in 3 brackets, reported in a random interleaving: before each result the span
+  // is taken; a result inside it must be answered proceed (the tuner does not wait for it).
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 20; ++round) {
+    schedule::asha a{.metric = "score", .max_t = 40, .grace_period = 1, .reduction_factor = 3, .brackets = 3, .seed = 5};
+    a.setup({});
+    std::vector<double> t(8, 0);
+    for (std::size_t k = 0; k < t.size(); ++k) a.on_trial_add("T" + std::to_string(k), json::object());
+    std::vector<bool> live(t.size(), true);
+    std::size_t inside = 0, stops = 0;
+    for (int step = 0; step < 400; ++step) {
+      auto const k = std::uniform_int_distribution<std::size_t>(0, t.size() - 1)(rng);
+      if (!live[k]) continue;
+      auto const id = "T" + std::to_string(k);
+      t[k] += std::uniform_int_distribution<int>(1, 3)(rng);
+      auto const span = a.proceeds(id);
+      auto const d = a.on_trial_result(id, at(t[k], "score", std::uniform_real_distribution<double>(0, 1)(rng))).what;
+      if (t[k] < span.below) {
+        ++inside;
+        CHECK(d == go);
+      }
+      if (d != go) {
+        ++stops;
+        live[k] = false;
+        a.on_trial_complete(id, at(t[k], "score", 0));
+      }
+    }
+    CHECK(inside > 0);
+    CHECK(stops > 0);
+  }
 }
 
 TEST_CASE("asha counts a completed trial's last result at the rung it reached", "[tuning][pure]") {

@@ -1,11 +1,16 @@
 #include <cohort/tuning/trial_book.hpp>
+#include <cohort/tuning/messages.hpp>
 
+#include <chrono>
+#include <cmath>
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -303,4 +308,92 @@ TEST_CASE("a pause decided while the trial was still pausing is applied once the
   CHECK(restarts.take("trial_00001") == after_pause::stay_paused);
   CHECK_FALSE(restarts.apply({}, roster, [&](auto&) { ++terminated; }, [&](auto&) { ++readded; }));
   CHECK(readded == 0);
+}
+
+TEST_CASE("the book names the results it is sure to answer proceed: the scheduler's span, while nothing else can decide", "[tuning][pure]") {
+  // Catches: a span given where a stopper, the reproducible order or a stopping experiment could
+  // answer otherwise (the group would not wait for that answer), or one wider than ASHA's next rung.
+  auto const dir = fresh("book_quiet");
+  grid_book<> fifo_book({}, {}, {}, {.metric = "score"}, dir / "fifo", 2);
+  fifo_book.start(three);
+  CHECK(id_of(fifo_book.assignment()) == "trial_00000");
+  auto const any = fifo_book.quiet_span("trial_00000");
+  REQUIRE(any);
+  CHECK(any->key.empty());
+  CHECK(any->below == std::numeric_limits<double>::infinity());
+
+  grid_book<std::tuple<stop::maximum_iterations>> stopped({}, {}, {stop::maximum_iterations{.max_iter = 5}}, {.metric = "score"},
+                                                          dir / "stopper", 2);
+  stopped.start(three);
+  CHECK(id_of(stopped.assignment()) == "trial_00000");
+  CHECK_FALSE(stopped.quiet_span("trial_00000"));
+
+  grid_book<> in_order({}, {}, {}, {.metric = "score", .reproducible = true}, dir / "reproducible", 2);
+  in_order.start(three);
+  CHECK(id_of(in_order.assignment()) == "trial_00000");
+  CHECK_FALSE(in_order.quiet_span("trial_00000"));
+
+  cohort::tuning::detail::trial_book<search::basic, schedule::asha, std::tuple<>> rungs({}, {}, {}, {.metric = "score"}, dir / "asha", 2);
+  rungs.start(three);  // asha's defaults: rungs at 1, 4, 16, 64; max_t 100
+  CHECK(id_of(rungs.assignment()) == "trial_00000");
+  CHECK(rungs.quiet_span("trial_00000")->below == 1);
+  CHECK(rungs.on_result(result("trial_00000", 1.0)).at("what") == "proceed");
+  auto const next = rungs.quiet_span("trial_00000");
+  REQUIRE(next);
+  CHECK(next->key == "training_iteration");
+  CHECK(next->below == 4);
+  rungs.fail("the tuner's own failure");
+  CHECK_FALSE(rungs.quiet_span("trial_00000"));  // stopping: every answer is stop
+}
+
+TEST_CASE("a leader sends quiet only results inside the span of the coordinator's last answer, for at most max_quiet", "[tuning][pure]") {
+  // Catches: a result outside the span sent without waiting (its stop would be lost), a span kept
+  // after an answer without one, or quiet results past max_quiet (a stopping experiment would not
+  // reach an unbounded span).
+  using cohort::tuning::detail::quiet_results;
+  auto const row = [](json iteration) { return json{{"score", 1.0}, {"training_iteration", iteration}}; };
+  quiet_results quiet;
+  CHECK_FALSE(quiet.covers(row(1)));  // no answer yet
+  quiet.answered({{"what", "proceed"}, {"quiet", quiet_results::to_json({.key = "training_iteration", .below = 4})}});
+  CHECK(quiet.covers(row(3)));
+  CHECK_FALSE(quiet.covers(row(4)));
+  CHECK_FALSE(quiet.covers(row(std::numeric_limits<double>::quiet_NaN())));
+  CHECK_FALSE(quiet.covers(row("3")));
+  CHECK_FALSE(quiet.covers(json{{"score", 1.0}}));
+  quiet.answered({{"what", "proceed"}});
+  CHECK_FALSE(quiet.covers(row(1)));
+  auto const unbounded = quiet_results::to_json({});
+  CHECK_FALSE(unbounded.contains("below"));  // JSON has no infinity
+  quiet.answered({{"what", "proceed"}, {"quiet", unbounded}});
+  CHECK(quiet.covers(json{{"score", 1.0}}));
+  std::this_thread::sleep_for(quiet_results::max_quiet + std::chrono::milliseconds(2));
+  CHECK_FALSE(quiet.covers(json{{"score", 1.0}}));
+}
+
+TEST_CASE("the trials sent to the other ranks at the end decode to what rank 0 holds, NaN included", "[tuning][pure]") {
+  // Catches: a history lost or left moved-out on rank 0 by the encoding, or a field dropped.
+  std::vector<cohort::tuning::trial_result> trials(2);
+  trials[0].id = "trial_00000";
+  trials[0].status = "TERMINATED";
+  trials[0].config = {{"a", 1}};
+  trials[0].metrics_history = {{{"score", 1.5}, {"training_iteration", 1}}, {{"score", std::numeric_limits<double>::quiet_NaN()}, {"training_iteration", 2}}};
+  trials[0].metrics = trials[0].metrics_history.back();
+  trials[0].path = "exp/trial_00000";
+  trials[1].id = "trial_00001";
+  trials[1].status = "ERROR";
+  trials[1].error = "broken";
+  trials[1].num_failures = 2;
+  auto const bytes = cohort::tuning::detail::encode_trials(trials);
+  REQUIRE(trials[0].metrics_history.size() == 2);  // rank 0's own grid keeps its histories
+  auto const back = cohort::tuning::detail::decode_trials(bytes);
+  REQUIRE(back.size() == 2);
+  CHECK(back[0].id == "trial_00000");
+  CHECK(back[0].config == json{{"a", 1}});
+  CHECK(back[0].path == "exp/trial_00000");
+  REQUIRE(back[0].metrics_history.size() == 2);
+  CHECK(back[0].metrics_history[0] == trials[0].metrics_history[0]);
+  CHECK(std::isnan(back[0].metrics_history[1].at("score").get<double>()));
+  CHECK(back[1].error == std::optional<std::string>("broken"));
+  CHECK(back[1].num_failures == 2);
+  CHECK(back[1].metrics_history.empty());
 }

@@ -260,6 +260,51 @@ TEST_CASE("validator ranks that leave a trial no rank to train: one error on eve
   CHECK_FALSE(std::filesystem::exists(storage / "no_trainer"));  // no trial started, no experiment directory
 }
 
+namespace {
+
+/// A scheduler that says every result will be answered proceed (as fifo does), then fails on
+/// each trial's third: a result its group sends without waiting (the first one waits for the
+/// span; the next come within quiet_results::max_quiet of its answer).
+struct fails_at_3 {
+  void setup(cohort::tuning::objective const&) {}
+  void on_trial_add(std::string const&, nlohmann::json const&) {}
+  cohort::tuning::scheduling_decision on_trial_result(std::string const&, nlohmann::json const& row) {
+    if (row.at("training_iteration") == 3) throw cohort::error("no decision at 3");
+    return {};
+  }
+  cohort::tuning::proceed_span proceeds(std::string const&) const { return {}; }
+  void on_trial_complete(std::string const&, nlohmann::json const&) {}
+  nlohmann::json save_state() const { return nlohmann::json::object(); }
+  void restore_state(nlohmann::json const&) {}
+};
+
+}  // namespace
+
+TEST_CASE("a decision on a result its group did not wait for reaches the trial at its next report that waits", "[tuning][mpi]") {
+  // Every group's results go to rank 0's coordinator without waiting for the answer (the
+  // scheduler says proceed is sure); its failure on the third is owed to the trial and answered
+  // at the trial's next result that waits, at most quiet_results::max_quiet later.
+  // Catches: the owed decision dropped, or results that never wait again (the trials would run
+  // all 200,000 reports and end TERMINATED).
+  auto const storage = cohort_test::scratch("tune_quiet");
+  constexpr int most = 200000;
+  auto fn = [](cohort::context& ctx, nlohmann::json const&) {
+    for (int i = 0; i < most; ++i) ctx.report({{"score", i}});
+  };
+  std::vector<nlohmann::json> xs;
+  for (int g = 0; g < world_size(); ++g) xs.emplace_back(g);
+  cohort::tuner tuner{fn, fails_at_3{}, cohort::tune_config{.metric = "score", .status_interval_s = 1e9}};
+  auto grid = tuner.fit(cohort::space{{"x", cohort::grid_search(xs)}}, {.name = "quiet", .storage_path = storage.string(), .verbose = 0});
+  REQUIRE(grid.ok());
+  REQUIRE(grid.size() == static_cast<std::size_t>(world_size()));
+  for (auto const& t : grid.trials) {
+    CHECK(t.status == "ERROR");
+    CHECK_THAT(t.error.value_or(""), contains_text("no decision at 3"));
+    CHECK(t.metrics_history.size() >= 3);
+    CHECK(t.metrics_history.size() < static_cast<std::size_t>(most));
+  }
+}
+
 TEST_CASE("ASHA stops poor trials at its rungs and lets the best reach max_t", "[tuning][mpi]") {
   auto const storage = cohort_test::scratch("tune_asha");
   cohort::tuner tuner{quadratic{.iterations = 9, .sleep_ms = 0},

@@ -37,6 +37,24 @@ struct html_options {
   int plot_height_px = 260;
 };
 
+/// How many of a trial's results report.html draws at most: two per pixel column of a plot (a
+/// long run's line looks the same, the page stays small), evenly spaced (evenly_spaced).
+inline std::size_t points_per_line(html_options const& o) { return 2 * static_cast<std::size_t>(std::max(1, o.plot_width_px)); }
+
+/// Pure: at most `most` of the indices 0 .. n - 1, evenly spaced, the first and the last
+/// included (all of them when n <= most; none when most is 0).
+inline std::vector<std::size_t> evenly_spaced(std::size_t n, std::size_t most) {
+  std::vector<std::size_t> out;
+  if (n == 0 || most == 0) return out;
+  if (n <= most || most == 1) {
+    for (std::size_t i = n <= most ? 0 : n - 1; i < n; ++i) out.push_back(i);
+    return out;
+  }
+  out.reserve(most);
+  for (std::size_t k = 0; k < most; ++k) out.push_back(k * (n - 1) / (most - 1));
+  return out;
+}
+
 namespace detail {
 
 /// `s` with &, <, >, " and ' escaped: safe as element text and as a quoted attribute.
@@ -104,14 +122,8 @@ inline std::string svg_plot(std::string const& metric, std::vector<std::vector<s
        " training_iteration</text>";
   for (std::size_t t = 0; t < lines.size() && drawable; ++t) {
     if (lines[t].empty()) continue;
-    std::string points;
-    // At most about two points per pixel column: a long run's line looks the same, the page stays small.
-    auto const columns = static_cast<std::size_t>(2 * std::max(1, o.plot_width_px));
-    auto const stride = std::max<std::size_t>(1, (lines[t].size() + columns - 1) / columns);
-    for (std::size_t i = 0; i < lines[t].size(); i += stride) {
-      auto const [x, y] = lines[t][i + stride >= lines[t].size() ? lines[t].size() - 1 : i];  // the last point always drawn
-      points += number(px(x)) + "," + number(py(y)) + " ";
-    }
+    std::string points;  // every point: experiment_html draws at most points_per_line results of a trial
+    for (auto const& [x, y] : lines[t]) points += number(px(x)) + "," + number(py(y)) + " ";
     if (lines[t].size() == 1)  // one point: a dot, a polyline of one point draws nothing
       s += "<circle cx=\"" + number(px(lines[t][0].first)) + "\" cy=\"" + number(py(lines[t][0].second)) + "\" r=\"3\" fill=\"" +
            colour_of(t) + "\"/>";
@@ -241,7 +253,8 @@ inline std::string svg_parallel(std::vector<trial_row> const& trials, std::strin
 /// coordinates of the hyperparameters against o.metric (detail::svg_parallel), then a plot per
 /// numeric metric of `histories` (the results of trials[i] in histories[i]; o.metric first, then
 /// by name; bookkeeping keys and counters left out; at most o.max_plots) against
-/// training_iteration. NaN and infinite values are not drawn. Pure.
+/// training_iteration, from at most points_per_line(o) results per trial. NaN and infinite
+/// values are not drawn. Pure.
 inline std::string experiment_html(std::vector<trial_row> const& trials, std::vector<std::vector<nlohmann::json>> const& histories,
                                    html_options const& o = {}) {
   using detail::html_escape;
@@ -278,7 +291,7 @@ inline std::string experiment_html(std::vector<trial_row> const& trials, std::ve
   // The plots: each result flattened once, its numeric values by metric.
   std::map<std::string, std::vector<std::vector<std::pair<double, double>>>> lines;  // metric -> trial -> points
   for (std::size_t t = 0; t < histories.size(); ++t)
-    for (std::size_t i = 0; i < histories[t].size(); ++i) {
+    for (std::size_t const i : evenly_spaced(histories[t].size(), points_per_line(o))) {
       auto const flat = flatten(histories[t][i]);
       double x = static_cast<double>(i + 1);
       for (auto const& [k, v] : flat)

@@ -50,7 +50,9 @@ concept searcher = std::movable<S> && requires(S& s, S const& cs, tuning::space 
 };
 
 /// Tuning, scheduling: decides after every reported result whether a trial goes on, stops, pauses
-/// or (PBT) exploits another trial. A pure function of the results seen so far.
+/// or (PBT) exploits another trial. A pure function of the results seen so far. A scheduler may
+/// also have `proceeds(id)`, the tuning::proceed_span of the trial's results it is sure to answer
+/// `proceed`: the tuner then sends those without waiting for the answer (schedule::fifo, asha).
 template <class S>
 concept scheduler = std::movable<S> && requires(S& s, S const& cs, tuning::objective const& o, std::string const& id,
                                                 nlohmann::json const& j) {

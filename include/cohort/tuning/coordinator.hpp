@@ -90,13 +90,15 @@ class coordinator {
       auto msg = recv_json(comm_, st.MPI_SOURCE, st.MPI_TAG);
       std::lock_guard lock(mutex_);
       std::size_t const group = group_of(st.MPI_SOURCE);
+      bool const asked = st.MPI_TAG == result_tag && !msg.contains("quiet");  // its leader waits for the answer
       try {
         if (st.MPI_TAG == request_tag) on_request(group);
+        else if (st.MPI_TAG == result_tag && !asked) on_quiet_result(std::move(msg));
         else if (st.MPI_TAG == result_tag) on_result(group, std::move(msg));
         else if (st.MPI_TAG == complete_tag) on_complete(msg);
       } catch (std::exception const& e) {  // a broken invariant of the tuner itself: end the experiment cleanly
         book_.fail(std::string("the tuner's coordinator failed: ") + e.what());
-        if (st.MPI_TAG == result_tag) deliver(group, {{"what", "stop"}});
+        if (asked) deliver(group, {{"what", "stop"}});  // a quiet result's trial is told at its next asked one
         serve_waiting();
       }
     }
@@ -164,12 +166,36 @@ class coordinator {
 
   /// A group's result: answered at once, or under tune_config::reproducible held until its turn.
   void on_result(std::size_t group, nlohmann::json msg) {
-    if (!cfg_.reproducible) return deliver(group, book_.on_result(std::move(msg)));
+    if (!cfg_.reproducible) return deliver(group, answer(std::move(msg)));
     auto id = msg.at("trial_id").get<std::string>();
     auto const n = trial_number(id).value_or(0);
     held_by_[std::move(id)] = group;
     held_.hold(n, std::move(msg));
     answer_released();
+  }
+
+  /// The answer to a result its group waits for: the decision owed to the trial from one of its
+  /// quiet results, if any, else the book's; with the span of results it may send quiet next
+  /// (quiet_results) when the answer is proceed.
+  nlohmann::json answer(nlohmann::json msg) {
+    auto id = msg.at("trial_id").get<std::string>();
+    auto reply = book_.on_result(std::move(msg));
+    if (auto owed = owed_.find(id); owed != owed_.end()) {
+      reply = std::move(owed->second);
+      owed_.erase(owed);
+    } else if (reply.value("what", std::string{}) == "proceed") {
+      if (auto span = book_.quiet_span(id)) reply["quiet"] = quiet_results::to_json(*span);
+    }
+    return reply;
+  }
+
+  /// A result its group did not wait for (quiet_results): decided on as any other; a decision
+  /// other than proceed (the experiment stopping, the scheduler failing on it) is owed to the
+  /// trial and is the answer to its next asked result, at most quiet_results::max_quiet later.
+  void on_quiet_result(nlohmann::json msg) {
+    auto id = msg.at("trial_id").get<std::string>();
+    auto reply = book_.on_result(std::move(msg));
+    if (reply.value("what", std::string{}) != "proceed") owed_.try_emplace(std::move(id), std::move(reply));
   }
 
   /// Under tune_config::reproducible: the answers to the held results whose turn has come.
@@ -197,6 +223,7 @@ class coordinator {
   }
 
   void on_complete(nlohmann::json const& msg) {
+    owed_.erase(msg.at("trial_id").get<std::string>());  // the trial ended before its next asked result
     book_.on_complete(msg);
     answer_released();  // a trial that ended no longer holds the later ones back
     serve_waiting();
@@ -251,9 +278,8 @@ class coordinator {
   /// metric), once, when the experiment ends however it ends.
   void write_report() {
     try {
-      report::write_file_atomic(exp_ / "report.html",
-                                report::experiment_html(book_.rows(), book_.histories(),
-                                                         {.title = exp_.filename().string(), .metric = cfg_.metric, .mode = cfg_.mode}));
+      report::html_options const o{.title = exp_.filename().string(), .metric = cfg_.metric, .mode = cfg_.mode};
+      report::write_file_atomic(exp_ / "report.html", report::experiment_html(book_.rows(), book_.histories(report::points_per_line(o)), o));
     } catch (std::exception const& e) {
       std::cerr << ("[cohort] warning: " + std::string(e.what()) + "\n") << std::flush;
     }
@@ -271,6 +297,7 @@ class coordinator {
   std::optional<nlohmann::json> local_answer_;  ///< rank 0's group's held result, answered (reproducible)
   std::map<std::string, std::size_t> held_by_;  ///< held results: the group waiting for each (reproducible)
   held_results held_;  ///< tune_config::reproducible: results held for their turn (trial_book::turn_of)
+  std::map<std::string, nlohmann::json> owed_;  ///< decisions on quiet results, for the trial's next asked one
   std::deque<std::size_t> waiting_;  ///< groups that asked for a trial while none was free
   std::size_t groups_done_ = 0;
   std::chrono::steady_clock::time_point last_table_ = std::chrono::steady_clock::now(), last_state_ = last_table_;

@@ -5,6 +5,7 @@
 /// make it on one rank and the tests can check it on hand-computed learning curves.
 
 #include <cstddef>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +36,15 @@ struct scheduling_decision {
   tuning::decision what = decision::proceed;
   std::string donor{};          ///< exploit: the trial whose latest checkpoint is cloned
   nlohmann::json config{};      ///< exploit: the perturbed config the trial continues with
+};
+
+/// The results of one trial a scheduler is sure to answer `proceed`, whatever other trials report
+/// meanwhile: those whose `key` (a number) is below `below`; every result when `key` is empty. A
+/// scheduler that can tell (`proceeds(id)`: schedule::fifo, schedule::asha) lets the tuner send
+/// those results to its coordinator without waiting for the answer.
+struct proceed_span {
+  std::string key{};
+  double below = std::numeric_limits<double>::infinity();
 };
 
 /// A synchronous scheduler's decisions about trials other than the one reporting (HyperBand at a

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <set>
 #include <string>
@@ -180,6 +181,22 @@ class trial_book {
     return {{"what", "proceed"}};
   }
 
+  /// The trial's next results that on_result is sure to answer `proceed`, so that its group may
+  /// send them without waiting: the scheduler's proceeds(id), where it has one, while the
+  /// experiment is not stopping, with no stopper and not under tune_config::reproducible (whose
+  /// answers wait for their turn). Nothing otherwise.
+  std::optional<proceed_span> quiet_span(std::string const& id) const {
+    if constexpr (requires(Scheduler const& s) {
+                    { s.proceeds(id) } -> std::same_as<proceed_span>;
+                  }) {
+      if (!cfg_.reproducible && std::tuple_size_v<Stoppers> == 0 && !end_.stopping) {
+        auto span = scheduler_.proceeds(id);
+        if (span.below > -std::numeric_limits<double>::infinity()) return span;  // NaN and -inf: none
+      }
+    }
+    return std::nullopt;
+  }
+
   /// A trial ended (its group sends the outcome: done, error, pause, exploit, preempted).
   void on_complete(nlohmann::json const& msg) {
     auto& t = roster_.at(msg.at("trial_id").get<std::string>());
@@ -250,8 +267,9 @@ class trial_book {
 
   /// Every trial, in creation order, as the status table and trials.csv show it.
   std::vector<report::trial_row> rows() const { return roster_.rows(); }
-  /// Every trial's results so far, in creation order (as rows()): a copy.
-  std::vector<std::vector<nlohmann::json>> histories() const { return roster_.histories(); }
+  /// Every trial's results so far, in creation order (as rows()): a copy of at most `most` of
+  /// each trial's results, evenly spaced.
+  std::vector<std::vector<nlohmann::json>> histories(std::size_t most) const { return roster_.histories(most); }
 
   /// experiment_state.json's contents (parse_experiment_state reads them back); clears dirty().
   nlohmann::json state() {

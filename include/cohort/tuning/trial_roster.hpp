@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/checkpointing/checkpoint.hpp"
+#include "cohort/report/html_report.hpp"
 #include "cohort/report/trial_table.hpp"
 #include "cohort/tuning/experiment_state.hpp"
 #include "cohort/tuning/result_grid.hpp"
@@ -118,11 +119,16 @@ class trial_roster {
     }
     return out;
   }
-  /// Every trial's results so far, in creation order (as rows()): a copy.
-  std::vector<std::vector<nlohmann::json>> histories() const {
+  /// Every trial's results so far, in creation order (as rows()): a copy of at most `most` of
+  /// each trial's results (report::evenly_spaced: what report.html draws).
+  std::vector<std::vector<nlohmann::json>> histories(std::size_t most) const {
     std::vector<std::vector<nlohmann::json>> out;
     out.reserve(order_.size());
-    for (auto const& id : order_) out.push_back(trials_.at(id).history);
+    for (auto const& id : order_) {
+      auto const& history = trials_.at(id).history;
+      auto& rows = out.emplace_back();
+      for (std::size_t const i : report::evenly_spaced(history.size(), most)) rows.push_back(history[i]);
+    }
     return out;
   }
   /// The trials as experiment_state.json lists them, in creation order.

@@ -3,8 +3,9 @@
 /// cohort::tuner: hyperparameter search inside one MPI job. The world is split into groups of
 /// `ranks_per_trial`; each group runs one trial at a time (a data-parallel trainer on the group's
 /// communicator). Rank 0 also runs a coordinator thread that owns the searcher, the scheduler and
-/// the stoppers: group leaders send it each result and get its decision back, so decisions are
-/// made as results arrive and a slow trial never blocks the others. No service, no driver.
+/// the stoppers: group leaders send it each result and get its decision back (results it is sure
+/// to answer "proceed" go without waiting), so decisions are made as results arrive and a slow
+/// trial never blocks the others. No service, no driver.
 
 #include <mpi.h>
 
@@ -270,7 +271,8 @@ class tuner {
   }
 
   /// One trial on this rank's group: the trainer run with a listener that sends every report to
-  /// the coordinator and returns its decision, each row carrying the trial's `num_failures`. A
+  /// the coordinator and returns its decision (without waiting for it where the coordinator said
+  /// it would be proceed: quiet_results), each row carrying the trial's `num_failures`. A
   /// signal that arrived between trials stops the experiment before this one starts (the trial
   /// stays pending); the trainer's own guard handles signals during the trial. The trainer runs
   /// on `comms`, split from `group` when empty and emptied after a trial that failed (a failure
@@ -278,12 +280,21 @@ class tuner {
   cohort::result<void> run_trial(std::optional<coordinator_type>& coord, nlohmann::json const& config,
                                  run_config const& trial_run, std::size_t num_failures, MPI_Comm comm, comm::mpi& group,
                                  std::optional<cohort::detail::run_comms>& comms, int rank) {
+    tuning::detail::quiet_results quiet;
+    tuning::detail::quiet_sends sends;  // waited for when the trial ends, before its completion is sent
     cohort::report::listener listener{
         .decide = [&, id = trial_run.name](nlohmann::json const& row) {
           nlohmann::json msg{{"trial_id", id}, {"row", row}};
           if (rank == 0) return coord->local_result(std::move(msg));
-          tuning::detail::send_json(comm, 0, tuning::detail::result_tag, msg);
-          return tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag);
+          if (quiet.covers(row)) {  // the coordinator is sure to answer proceed: not waited for
+            msg["quiet"] = true;
+            sends.send(comm, 0, tuning::detail::result_tag, msg);
+            return nlohmann::json{{"what", "proceed"}};
+          }
+          sends.send(comm, 0, tuning::detail::result_tag, msg);
+          auto reply = tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag);
+          quiet.answered(reply);
+          return reply;
         },
         .row_keys = {{"num_failures", num_failures}}};
     std::int32_t signal = comm::detail::stop_signal().load();
@@ -297,6 +308,7 @@ class tuner {
     if (trial_run.validators.ranks == 0 && !comms) comms.emplace(group, std::max(trial_run.collective_timeout_ms, 0));
     auto run_result = trial_run.validators.ranks > 0 ? trainer_.fit(config, trial_run, group, listener)
                                                      : trainer_.fit(config, trial_run, *comms, listener);
+    sends.wait();
     if (run_result.error || run_result.preempted) comms.reset();
     r.preempted = run_result.preempted;
     r.error = run_result.error;
@@ -306,7 +318,7 @@ class tuner {
   }
 
   /// The result grid, the same on every rank: rank 0 moves it out of the coordinator and sends
-  /// it as text written row by row (no second JSON tree of every result); the others parse it.
+  /// it as MessagePack (encode_trials: the histories moved, not copied); the others decode it.
   tuning::result_grid gather_results(tuning::result_grid out, std::optional<coordinator_type>& coord, comm::mpi& world) {
     int const rank = world.rank();
     if (rank == 0) out.trials = coord->take_trials();
@@ -314,7 +326,7 @@ class tuner {
       std::string text;
       if (rank == 0) text = tuning::detail::encode_trials(out.trials);
       text = comm::broadcast_string(world, std::move(text));
-      if (rank != 0) out.trials = nlohmann::json::parse(text).get<std::vector<tuning::trial_result>>();
+      if (rank != 0) out.trials = tuning::detail::decode_trials(text);
     }
     nlohmann::json const outcome =
         nlohmann::json::parse(comm::broadcast_string(world, rank == 0 ? coord->outcome().dump() : std::string{}));

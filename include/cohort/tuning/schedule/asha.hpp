@@ -108,6 +108,18 @@ struct asha {
     return d;
   }
 
+  /// The trial's results that on_trial_result will answer `proceed`: those with time_attr below
+  /// the first milestone of its bracket it has not recorded at, and below max_t (stop_last_trials).
+  /// Other trials' results move the rungs' cutoffs, not this span. None for a trial not added.
+  tuning::proceed_span proceeds(std::string const& id) const {
+    tuning::proceed_span out{.key = time_attr, .below = stop_last_trials ? max_t : detail::inf_v};
+    auto it = state_.trial_bracket.find(id);
+    if (it == state_.trial_bracket.end()) return {.key = time_attr, .below = -detail::inf_v};
+    for (auto const& rung : state_.brackets[it->second])
+      if (!rung.recorded.contains(id)) out.below = std::min(out.below, rung.milestone);
+    return out;
+  }
+
   /// Records the trial's last result at a rung it reached (as Ray does) and forgets the trial.
   /// A last result without the metric or time_attr (a failed trial) records nothing.
   void on_trial_complete(std::string const& id, nlohmann::json const& last_result) {

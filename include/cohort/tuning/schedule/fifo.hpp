@@ -14,6 +14,8 @@ struct fifo {
   void on_trial_add(std::string const&, nlohmann::json const&) {}
   /// Always `proceed`.
   tuning::scheduling_decision on_trial_result(std::string const&, nlohmann::json const&) { return {}; }
+  /// Every result: fifo always proceeds.
+  tuning::proceed_span proceeds(std::string const&) const { return {}; }
   /// Nothing to track.
   void on_trial_complete(std::string const&, nlohmann::json const&) {}
   /// Ray's debug_string.
