@@ -4,7 +4,8 @@
 //                trial (suggest, assign, trainer setup, trial directory, params.json, result.json,
 //                progress.csv, scheduler, completion); reported as ms_per_trial
 //   results/N    4 trials of N reports each under ASHA: results_per_s is how fast results flow
-//                through the coordinator's decisions (each one a round trip to rank 0)
+//                through the coordinator's decisions on rank 0 (a round trip at each rung and at
+//                least every 10 ms; the rest sent without waiting), report.html and the grid
 //   scale/N      N trials of one report after 50 ms each: overhead_pct over N x 50 ms / ranks
 //   reproducible/on:R/tpe:S   40 trials of 6 uneven reports with tune_config::reproducible off
 //                (R = 0) or on (R = 1), random + ASHA (S = 0) or TPE + FIFO (S = 1): the cost of its waiting
