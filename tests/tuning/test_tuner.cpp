@@ -263,8 +263,8 @@ TEST_CASE("validator ranks that leave a trial no rank to train: one error on eve
 namespace {
 
 /// A scheduler that says every result will be answered proceed (as fifo does), then fails on
-/// each trial's third: a result its group sends without waiting (the first one waits for the
-/// span; the next come within quiet_results::max_quiet of its answer).
+/// each trial's third: a result its group sends without waiting (the assignment, or the answer
+/// to the first result, names the span, and the next come within quiet_results::max_quiet).
 struct fails_at_3 {
   void setup(cohort::tuning::objective const&) {}
   void on_trial_add(std::string const&, nlohmann::json const&) {}

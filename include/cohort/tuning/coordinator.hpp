@@ -159,8 +159,18 @@ class coordinator {
     }
   }
 
+  /// The book's next assignment, with the span of the trial's first results its group may send
+  /// without waiting (quiet_results), where there is one.
+  std::optional<nlohmann::json> assignment() {
+    auto a = book_.assignment();
+    if (!a || !a->contains("trial_id")) return a;
+    std::string const id = a->at("trial_id");
+    if (auto span = book_.quiet_span(id)) (*a)["quiet"] = quiet_results::to_json(*span);
+    return a;
+  }
+
   void on_request(std::size_t group) {
-    if (auto a = book_.assignment()) deliver(group, *a);
+    if (auto a = assignment()) deliver(group, *a);
     else waiting_.push_back(group);
   }
 
@@ -232,7 +242,7 @@ class coordinator {
   /// The groups that asked while no trial was free get one (or "done") as soon as there is.
   void serve_waiting() {
     while (!waiting_.empty()) {
-      auto a = book_.assignment();
+      auto a = assignment();
       if (!a) return;
       deliver(waiting_.front(), *a);
       waiting_.pop_front();

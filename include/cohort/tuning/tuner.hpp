@@ -258,8 +258,7 @@ class tuner {
       auto const id = assignment.at("trial_id").get<std::string>();
       trial_run.name = id;
       trial_run.resume_from_checkpoint = assignment.value("restore_from", std::string{});
-      auto r = run_trial(coord, assignment.at("config"), trial_run, assignment.value("num_failures", std::size_t{0}), comm,
-                         group, comms, rank);
+      auto r = run_trial(coord, assignment, trial_run, comm, group, comms, rank);
       if (leader) {
         nlohmann::json msg{{"trial_id", id},
                            {"outcome", r.preempted ? "preempted" : r.error ? "error" : r.stopped.value_or("finished")}};
@@ -277,10 +276,13 @@ class tuner {
   /// stays pending); the trainer's own guard handles signals during the trial. The trainer runs
   /// on `comms`, split from `group` when empty and emptied after a trial that failed (a failure
   /// may leave messages unreceived), the same on every rank of the group as the trial's outcome is.
-  cohort::result<void> run_trial(std::optional<coordinator_type>& coord, nlohmann::json const& config,
-                                 run_config const& trial_run, std::size_t num_failures, MPI_Comm comm, comm::mpi& group,
+  cohort::result<void> run_trial(std::optional<coordinator_type>& coord, nlohmann::json const& assignment,
+                                 run_config const& trial_run, MPI_Comm comm, comm::mpi& group,
                                  std::optional<cohort::detail::run_comms>& comms, int rank) {
+    nlohmann::json const& config = assignment.at("config");
+    auto const num_failures = assignment.value("num_failures", std::size_t{0});
     tuning::detail::quiet_results quiet;
+    quiet.answered(assignment);  // it may name the first results sent without waiting
     tuning::detail::quiet_sends sends;  // waited for when the trial ends, before its completion is sent
     cohort::report::listener listener{
         .decide = [&, id = trial_run.name](nlohmann::json const& row) {
