@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -24,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/comm/deadline.hpp"
+#include "cohort/detail/background_worker.hpp"
 #include "cohort/report/html_report.hpp"
 #include "cohort/report/run_directory.hpp"
 #include "cohort/report/trial_table.hpp"
@@ -63,11 +65,16 @@ class coordinator {
     int idle = 0;
     auto last_message = std::chrono::steady_clock::now();
     for (;;) {
+      std::optional<state_snapshot> due;
       {
         std::lock_guard lock(mutex_);
         tick();
         if (groups_done_ == leaders_.size()) break;
+        if (state_due()) due = snapshot();
       }
+      // On the writer's thread: the groups' messages are answered meanwhile, and rank 0's own
+      // trial does not wait for the mutex.
+      if (due) writer_.start([this, s = std::move(*due)] { write_state(s); });
       int flag = 0;
       MPI_Status st;
       MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &st);
@@ -102,8 +109,9 @@ class coordinator {
         serve_waiting();
       }
     }
+    writer_.wait();
     std::lock_guard lock(mutex_);
-    write_state();
+    write_state(snapshot());
     write_report();
     if (verbose_ > 0) std::cout << table() << std::flush;
   }
@@ -249,7 +257,7 @@ class coordinator {
     }
   }
 
-  /// Periodic work: the time budget, the status table, the experiment state.
+  /// Periodic work under the mutex: the time budget, the status table.
   void tick() {
     if (book_.out_of_budget()) {
       answer_released();
@@ -260,8 +268,16 @@ class coordinator {
       last_table_ = now;
       std::cout << table() << std::flush;
     }
-    if (book_.dirty() && now - last_state_ >= std::chrono::duration<double>(std::max(cfg_.state_interval_s, 20 * state_write_s_)))
-      write_state();
+  }
+
+  /// Whether experiment_state.json is due for its periodic rewrite: something changed, and at
+  /// least state_interval_s and 20 times as long as the last rewrite took (as Ray adapts its
+  /// experiment checkpoint period) have passed, so that it costs at most 5% of the coordinator's time.
+  /// One rewrite at a time: none while the last one is still on the writer's thread.
+  bool state_due() {
+    auto const since = std::chrono::steady_clock::now() - last_state_;
+    return book_.dirty() && since >= std::chrono::duration<double>(std::max(cfg_.state_interval_s, 20 * state_write_s_.load())) &&
+           writer_.wait_for(std::chrono::seconds(0));
   }
 
   std::string table() const {
@@ -269,19 +285,28 @@ class coordinator {
                                {.metric = cfg_.metric, .mode = cfg_.mode, .scheduler = book_.scheduler_lines()});
   }
 
-  /// Rewrites experiment_state.json and trials.csv. The periodic rewrite waits at least 20 times
-  /// as long as the last one took (as Ray adapts its experiment checkpoint period), so it costs
-  /// at most 5% of rank 0's time however many trials there are.
-  void write_state() {
-    auto const started = std::chrono::steady_clock::now();
+  /// What experiment_state.json and trials.csv are written from, taken under the mutex (which
+  /// the groups wait for); written without it (write_state).
+  struct state_snapshot {
+    std::chrono::steady_clock::time_point taken{};
+    nlohmann::json state;
+    std::vector<report::trial_row> rows;
+  };
+  state_snapshot snapshot() {
+    last_state_ = std::chrono::steady_clock::now();
+    return {.taken = last_state_, .state = book_.state(), .rows = book_.rows()};
+  }
+
+  /// Rewrites experiment_state.json and trials.csv from `s`; how long that took since `s` was
+  /// taken sets the next periodic rewrite (state_due).
+  void write_state(state_snapshot const& s) {
     try {
-      report::write_file_atomic(exp_ / "experiment_state.json", book_.state().dump() + "\n");
-      report::write_file_atomic(exp_ / "trials.csv", report::trials_csv(book_.rows()));
+      report::write_file_atomic(exp_ / "experiment_state.json", s.state.dump() + "\n");
+      report::write_file_atomic(exp_ / "trials.csv", report::trials_csv(s.rows));
     } catch (std::exception const& e) {
       std::cerr << ("[cohort] warning: " + std::string(e.what()) + "\n") << std::flush;
     }
-    last_state_ = std::chrono::steady_clock::now();
-    state_write_s_ = std::chrono::duration<double>(last_state_ - started).count();
+    state_write_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.taken).count();
   }
 
   /// report.html beside trials.csv (report::experiment_html: the trials table and a plot per
@@ -311,7 +336,8 @@ class coordinator {
   std::deque<std::size_t> waiting_;  ///< groups that asked for a trial while none was free
   std::size_t groups_done_ = 0;
   std::chrono::steady_clock::time_point last_table_ = std::chrono::steady_clock::now(), last_state_ = last_table_;
-  double state_write_s_ = 0;  ///< how long the last write_state took
+  std::atomic<double> state_write_s_ = 0;  ///< how long the last write_state took (set on the writer's thread)
+  cohort::detail::background_worker writer_{"cohort-state"};  ///< the periodic state rewrites; last member: joined first
 };
 
 }  // namespace cohort::tuning::detail

@@ -97,34 +97,40 @@ class quiet_sends {
   std::deque<std::pair<std::string, MPI_Request>> sends_;
 };
 
-/// A group leader's quiet results: those of its trial that the coordinator's last answer said it
-/// is sure to answer "proceed" (the answer's "quiet" member: a trial_book::quiet_span). The leader
-/// sends them with "quiet": true and does not wait; the coordinator answers none of them, and any
-/// other decision it takes on one waits for the trial's next asked result. So that an experiment
-/// that stops (or a decision owed) reaches the trial within `max_quiet`, results are quiet for at
-/// most that long after the last answer.
+/// A group leader's quiet results: those of its trial that the coordinator's last answer (or the
+/// trial's assignment) said it is sure to answer "proceed" (the answer's "quiet" member: a
+/// trial_book::quiet_span). The leader sends them with "quiet": true and does not wait; the
+/// coordinator answers none of them, and any other decision it takes on one waits for the
+/// trial's next waiting result. Results go quiet for `max_quiet` after an answer, and the first
+/// one after it however late it comes: a stopping experiment or an owed decision reaches the
+/// trial within max_quiet or one report, and a trial that reports every 50 ms waits for every
+/// other answer instead of every one (bench_tune scale/N).
 class quiet_results {
  public:
   static constexpr std::chrono::milliseconds max_quiet{10};
 
-  /// Whether `row` may be sent without waiting for the answer.
-  bool covers(nlohmann::json const& row) const {
-    if (!span_ || std::chrono::steady_clock::now() >= until_) return false;
-    if (span_->key.empty()) return true;
-    auto const* v = tuning::detail::find_key(row, span_->key);
-    return v && v->is_number() && v->get<double>() < span_->below;
+  /// Whether `row` goes without waiting for the answer; counts it when it does.
+  bool send_quiet(nlohmann::json const& row) {
+    if (!span_ || (sent_since_answer_ > 0 && std::chrono::steady_clock::now() >= until_)) return false;
+    if (!span_->key.empty()) {
+      auto const* v = tuning::detail::find_key(row, span_->key);
+      if (!v || !v->is_number() || !(v->get<double>() < span_->below)) return false;
+    }
+    ++sent_since_answer_;
+    return true;
   }
 
   /// The coordinator answered: its span (none when the answer has no "quiet"), from now.
   void answered(nlohmann::json const& reply) {
     span_.reset();
+    sent_since_answer_ = 0;
     auto it = reply.find("quiet");
     if (it == reply.end()) return;
     span_ = proceed_span{.key = it->value("key", std::string{}), .below = it->value("below", std::numeric_limits<double>::infinity())};
     until_ = std::chrono::steady_clock::now() + max_quiet;
   }
 
-  /// The "quiet" member of an answer for `span` (JSON has no infinity: an unbounded span has no "below").
+  /// The "quiet" member of an answer for `span` (JSON text has no infinity: an unbounded span has no "below").
   static nlohmann::json to_json(proceed_span const& span) {
     nlohmann::json j{{"key", span.key}};
     if (span.below < std::numeric_limits<double>::infinity()) j["below"] = span.below;
@@ -134,6 +140,7 @@ class quiet_results {
  private:
   std::optional<proceed_span> span_;
   std::chrono::steady_clock::time_point until_{};
+  std::size_t sent_since_answer_ = 0;
 };
 
 /// The trials as MessagePack (nlohmann::json::to_msgpack), for the broadcast at the end of an

@@ -288,7 +288,7 @@ class tuner {
         .decide = [&, id = trial_run.name](nlohmann::json const& row) {
           nlohmann::json msg{{"trial_id", id}, {"row", row}};
           if (rank == 0) return coord->local_result(std::move(msg));
-          if (quiet.covers(row)) {  // the coordinator is sure to answer proceed: not waited for
+          if (quiet.send_quiet(row)) {  // the coordinator is sure to answer proceed: not waited for
             msg["quiet"] = true;
             sends.send(comm, 0, tuning::detail::result_tag, msg);
             return nlohmann::json{{"what", "proceed"}};
