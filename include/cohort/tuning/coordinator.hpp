@@ -41,7 +41,7 @@ namespace cohort::tuning::detail {
 /// Rank 0's coordinator: the book of trials behind one mutex. The thread in serve() answers the
 /// other group leaders over MPI; rank 0's own group calls the local_* functions directly. The
 /// book's state is written to experiment_state.json (and trials.csv) at most every
-/// state_interval_s and at the end, so a rerun resumes the experiment.
+/// state_interval_s, on a writer thread, and at the end, so a rerun resumes the experiment.
 template <class Searcher, class Scheduler, class Stoppers>
 class coordinator {
  public:
@@ -209,7 +209,7 @@ class coordinator {
 
   /// A result its group did not wait for (quiet_results): decided on as any other; a decision
   /// other than proceed (the experiment stopping, the scheduler failing on it) is owed to the
-  /// trial and is the answer to its next asked result, at most quiet_results::max_quiet later.
+  /// trial and is the answer to its next asked result (quiet_results: within max_quiet or one report).
   void on_quiet_result(nlohmann::json msg) {
     auto id = msg.at("trial_id").get<std::string>();
     auto reply = book_.on_result(std::move(msg));
