@@ -119,7 +119,7 @@ class trainer {
   result<return_of<Config>> fit_with_validators(Config const& config, run_config const& run, C& comm,
                                                 report::listener listener) {
     result<return_of<Config>> out;
-    int const timeout_ms = std::max(run.collective_timeout_ms, 0);
+    int const timeout_ms = detail::deadline_ms(run);
     comm::any all(comm.split(0, comm.rank()));
     detail::set_comm_options(all, {.timeout_ms = timeout_ms, .name = "validators' setup"});
     int const rank = all.rank();
@@ -158,7 +158,7 @@ class trainer {
   template <class Config, comm::communicator C>
   auto fit_ranks(Config const& config, run_config const& run, C& comm, report::listener listener,
                  validate_fn validate_every) {
-    detail::run_comms comms(comm, std::max(run.collective_timeout_ms, 0));
+    detail::run_comms comms(comm, run);
     return fit_on(config, run, comms, std::move(listener), std::move(validate_every));
   }
 
@@ -174,7 +174,7 @@ class trainer {
     using return_type = return_of<Config>;
     result<return_type> out;
 
-    int const timeout_ms = std::max(run.collective_timeout_ms, 0);  // 0: no deadline
+    int const timeout_ms = detail::deadline_ms(run);  // 0: no deadline
     int const rank = comms.control.rank();
     auto setup = detail::agree_on_config<param_type>(scaling(), config, run, comms.control);
     auto const run_path = std::filesystem::path(run.storage_path) / setup.name;

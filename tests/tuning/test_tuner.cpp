@@ -65,6 +65,14 @@ struct quadratic {
   }
 };
 
+/// Whether the job has an even rank count, as `groups` need; else the case says why it does
+/// nothing here (it runs at 2 and 4 ranks).
+bool even_rank_count(std::string const& groups) {
+  if (world_size() % 2 == 0) return true;
+  SUCCEED(groups + " need an even rank count (the case runs at 2 and 4 ranks)");
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE("a grid search runs every trial once, spread over the groups", "[tuning][mpi]") {
@@ -195,11 +203,7 @@ TEST_CASE("max_concurrent_trials = 1 runs one trial at a time however many group
 TEST_CASE("validator ranks under a tuner: each trial group's last rank validates that trial's checkpoints", "[tuning][mpi][validation]") {
   // Catches: validators shared across trial groups (a checkpoint validated by another trial's
   // rank, or never), and a trial's validators left waiting when its trial ends.
-  int const n = world_size();
-  if (n % 2 != 0) {
-    SUCCEED("groups of 2 (a trainer and a validator) need an even rank count (the case runs at 2 and 4 ranks)");
-    return;
-  }
+  if (!even_rank_count("groups of 2 (a trainer and a validator)")) return;
   auto const storage = cohort_test::scratch("tune_validators");
   auto trainable = [](cohort::context& ctx, nlohmann::json const& config) {
     int const x = static_cast<int>(config.at("x").get<double>());
@@ -395,11 +399,7 @@ TEST_CASE("a trial group's communicators serve the next trial only after a trial
   // Catches: a group's communicators kept after a failed trial. The failing trial's root sends
   // into a broadcast its other rank never enters; the next trial's broadcast on the same
   // communicator would receive that stale value (100 + 1) instead of its own, and fail.
-  int const n = world_size();
-  if (n % 2 != 0) {
-    SUCCEED("groups of 2 need an even rank count (the case runs at 2 and 4 ranks)");
-    return;
-  }
+  if (!even_rank_count("groups of 2")) return;
   auto const storage = cohort_test::scratch("tune_comms_reused");
   auto fn = [](cohort::context& ctx, nlohmann::json const& config) {
     int const x = config.at("x").get<int>();

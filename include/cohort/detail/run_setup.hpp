@@ -108,13 +108,17 @@ inline void set_comm_options(comm::any& c, comm::mpi_options options) {
   if (auto* m = c.target<comm::mpi>()) m->set_options(options);
 }
 
+/// The run's collective deadline in ms (run_config::collective_timeout_ms), 0 for none.
+inline int deadline_ms(run_config const& run) { return std::max(run.collective_timeout_ms, 0); }
+
 /// A run's three duplicates of its communicator, each with the run's deadline: control (setup,
 /// checkpoints, the end), work (the functor's collectives and its gradients) and check (the
 /// lockstep agreement). Split in this order on every rank.
 struct run_comms {
   template <comm::communicator C>
-  run_comms(C& comm, int timeout_ms)
+  run_comms(C& comm, run_config const& run)
       : control(comm.split(0, comm.rank())), work(comm.split(0, comm.rank())), check(comm.split(0, comm.rank())) {
+    int const timeout_ms = deadline_ms(run);
     set_comm_options(control, {.timeout_ms = timeout_ms, .name = "control"});
     set_comm_options(work, {.timeout_ms = timeout_ms, .name = "work"});
     set_comm_options(check, {.timeout_ms = timeout_ms, .name = "lockstep"});

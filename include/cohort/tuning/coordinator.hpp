@@ -167,13 +167,16 @@ class coordinator {
     }
   }
 
-  /// The book's next assignment, with the span of the trial's first results its group may send
-  /// without waiting (quiet_results), where there is one.
+  /// Names in `reply` the span of trial `id`'s next results its group may send without waiting
+  /// (quiet_results), where there is one.
+  void name_quiet_span(nlohmann::json& reply, std::string const& id) const {
+    if (auto span = book_.quiet_span(id)) reply["quiet"] = quiet_results::to_json(*span);
+  }
+
+  /// The book's next assignment, naming the span of the trial's first quiet results.
   std::optional<nlohmann::json> assignment() {
     auto a = book_.assignment();
-    if (!a || !a->contains("trial_id")) return a;
-    std::string const id = a->at("trial_id");
-    if (auto span = book_.quiet_span(id)) (*a)["quiet"] = quiet_results::to_json(*span);
+    if (a && a->contains("trial_id")) name_quiet_span(*a, a->at("trial_id"));
     return a;
   }
 
@@ -202,7 +205,7 @@ class coordinator {
       reply = std::move(owed->second);
       owed_.erase(owed);
     } else if (reply.value("what", std::string{}) == "proceed") {
-      if (auto span = book_.quiet_span(id)) reply["quiet"] = quiet_results::to_json(*span);
+      name_quiet_span(reply, id);
     }
     return reply;
   }

@@ -72,12 +72,7 @@ class quiet_sends {
 
   /// Sends `j` as send_json does, without waiting for it to be received.
   void send(MPI_Comm comm, int dest, int tag, nlohmann::json const& j) {
-    while (!sends_.empty()) {  // those done, oldest first
-      int done = 0;
-      MPI_Test(&sends_.front().second, &done, MPI_STATUS_IGNORE);
-      if (!done) break;
-      sends_.pop_front();
-    }
+    forget_done();
     auto& [bytes, request] = sends_.emplace_back(std::string{}, MPI_REQUEST_NULL);
     nlohmann::json::to_msgpack(j, bytes);
     MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, dest, tag, comm, &request);
@@ -85,15 +80,18 @@ class quiet_sends {
 
   /// Waits for every send, polling (20 us apart) rather than spinning.
   void wait() {
-    while (!sends_.empty()) {
-      int done = 0;
-      MPI_Test(&sends_.front().second, &done, MPI_STATUS_IGNORE);
-      if (done) sends_.pop_front();
-      else comm::detail::precise_sleep(std::chrono::microseconds(20));
-    }
+    for (forget_done(); !sends_.empty(); forget_done()) comm::detail::precise_sleep(std::chrono::microseconds(20));
   }
 
  private:
+  /// Drops the completed sends from the oldest on, up to the first still in flight.
+  void forget_done() {
+    for (int done = 1; done && !sends_.empty();) {
+      MPI_Test(&sends_.front().second, &done, MPI_STATUS_IGNORE);
+      if (done) sends_.pop_front();
+    }
+  }
+
   std::deque<std::pair<std::string, MPI_Request>> sends_;
 };
 

@@ -132,7 +132,7 @@ class tuner {
     out.objective = {config_.metric, config_.mode};
     MPI_Comm comm = MPI_COMM_NULL;
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
-    int const timeout_ms = std::max(run.collective_timeout_ms, 0);
+    int const timeout_ms = cohort::detail::deadline_ms(run);
     comm::mpi world(comm, comm::ownership::owned, {.timeout_ms = timeout_ms, .name = "tuner"});
     int const rank = world.rank();
     if (auto err = job_error(world.size(), run)) return fail(std::move(out), *err, rank);
@@ -307,7 +307,7 @@ class tuner {
       r.error = std::string("stopped by ") + (signal == SIGINT ? "SIGINT" : "SIGTERM");
       return r;
     }
-    if (trial_run.validators.ranks == 0 && !comms) comms.emplace(group, std::max(trial_run.collective_timeout_ms, 0));
+    if (trial_run.validators.ranks == 0 && !comms) comms.emplace(group, trial_run);
     auto run_result = trial_run.validators.ranks > 0 ? trainer_.fit(config, trial_run, group, listener)
                                                      : trainer_.fit(config, trial_run, *comms, listener);
     sends.wait();
