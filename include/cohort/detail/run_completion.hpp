@@ -88,16 +88,31 @@ template <class Return, class Checkpointing>
 void collect_results(result<Return>& out, comm::any& control, report::protocol& reports, outcome<Return>& ran,
                      Checkpointing const& policy) {
   int const rank = control.rank();
+  // Rank 0's values, sent to the others as JSON text; every rank of a larger group reads the text
+  // back (a NaN is null on each), a one-rank group keeps them as they are.
+  bool const alone = control.size() == 1;
   std::string history;
   if (rank == 0) {
     auto const& rows = reports.rows().history();
-    history = reports.under_tuner() ? nlohmann::json(rows.empty() ? std::vector<nlohmann::json>{} : std::vector<nlohmann::json>{rows.back()}).dump()
-                                    : nlohmann::json(rows).dump();
+    if (reports.under_tuner()) {
+      if (!rows.empty()) out.metrics_history.push_back(rows.back());
+    } else {
+      out.metrics_history.assign(rows.begin(), rows.end());
+    }
+    if (!alone) history = nlohmann::json(out.metrics_history).dump();
   }
-  for (auto& row : nlohmann::json::parse(comm::broadcast_string(control, history))) out.metrics_history.push_back(std::move(row));
+  if (!alone) {
+    history = comm::broadcast_string(control, std::move(history));
+    out.metrics_history.clear();
+    for (auto& row : nlohmann::json::parse(history)) out.metrics_history.push_back(std::move(row));
+  }
   if (!out.metrics_history.empty()) out.metrics = out.metrics_history.back();
-  if (rank == 0) reports.checkpoints().finish_validation();
-  auto ckpts = nlohmann::json::parse(comm::broadcast_string(control, rank == 0 ? cohort::checkpointing::summary(reports.checkpoints(), policy).dump() : std::string{}));
+  nlohmann::json ckpts;
+  if (rank == 0) {
+    reports.checkpoints().finish_validation();
+    ckpts = cohort::checkpointing::summary(reports.checkpoints(), policy);
+  }
+  if (!alone) ckpts = nlohmann::json::parse(comm::broadcast_string(control, rank == 0 ? ckpts.dump() : std::string{}));
   out.best_checkpoints = ckpts["best"].template get<std::vector<checkpoint_info>>();
   if (ckpts.contains("latest")) out.checkpoint = ckpts["latest"].template get<checkpoint_info>();
   if (out.stopped) {

@@ -36,6 +36,10 @@ struct trial_state {
   bool resumed_after_pause = false;
   std::int64_t told_checkpoint = 0;  ///< the newest checkpoint callbacks were told of (not saved)
   std::optional<scheduling_decision> exploit;  ///< set between an exploit decision and the trial's end
+  /// The checkpoint directories (names) its run retained, as the run that ended it said (not
+  /// saved): the result grid takes them instead of listing its directory. Unset where that run
+  /// did not end cleanly or a later change (a restart from a donor) may have followed it.
+  std::optional<std::vector<std::string>> retained_at_end;
 
   /// The trial's last result (empty before its first).
   nlohmann::json const& last() const { return history.empty() ? saved_last : history.back(); }

@@ -202,6 +202,7 @@ class trial_book {
     auto& t = roster_.at(msg.at("trial_id").get<std::string>());
     auto const outcome = msg.at("outcome").get<std::string>();
     roster_.finished_running();
+    t.retained_at_end.reset();
     dirty_ = true;
     if (outcome == "error" && retry(t, msg.value("error", std::string("failed")))) {
       // runs again from its latest checkpoint: the searcher and scheduler see one trial going on
@@ -227,6 +228,7 @@ class trial_book {
     } else if (outcome == "exploit" && t.exploit) {
       restarts_.continue_from_donor(t, roster_);
     } else {
+      if (msg.contains("checkpoints")) t.retained_at_end = msg["checkpoints"].get<std::vector<std::string>>();
       terminate(t);
     }
     if (outcome != "pause") restarts_.forget(t);

@@ -152,7 +152,13 @@ class trial_roster {
       r.path = exp_ / t.id;
       r.num_failures = t.failures;
       if (!t.error.empty()) r.error = t.error;
-      for (auto const& dir : checkpointing::committed(r.path))
+      std::vector<std::filesystem::path> dirs;
+      if (t.retained_at_end) {  // as its last run said: no directory listing per trial
+        for (auto const& name : *t.retained_at_end) dirs.push_back(r.path / name);
+      } else {
+        dirs = checkpointing::committed(r.path);
+      }
+      for (auto const& dir : dirs)
         r.checkpoints.push_back({dir, cohort::checkpoint::from_directory(dir).metadata().value("metrics", nlohmann::json::object())});
       out.push_back(std::move(r));
     }

@@ -263,6 +263,12 @@ class tuner {
         nlohmann::json msg{{"trial_id", id},
                            {"outcome", r.preempted ? "preempted" : r.error ? "error" : r.stopped.value_or("finished")}};
         if (r.error) msg["error"] = *r.error;
+        if (!r.error && !r.preempted) {  // the checkpoints it retained, in the order a listing has them
+          std::vector<std::string> names;
+          for (auto const& c : r.best_checkpoints) names.push_back(c.path.filename().string());
+          std::sort(names.begin(), names.end());
+          msg["checkpoints"] = names;
+        }
         if (rank == 0) coord->local_complete(msg);
         else tuning::detail::send_json(comm, 0, tuning::detail::complete_tag, msg);
       }
@@ -315,6 +321,7 @@ class tuner {
     r.preempted = run_result.preempted;
     r.error = run_result.error;
     r.stopped = run_result.stopped;
+    r.best_checkpoints = std::move(run_result.best_checkpoints);
     if (r.preempted) comm::detail::stop_signal().store(SIGTERM);  // the trainer's guard is gone: keep it stopped
     return r;
   }
