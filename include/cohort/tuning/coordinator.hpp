@@ -109,11 +109,28 @@ class coordinator {
         serve_waiting();
       }
     }
+    // The last state, report and table taken from the book; the book is then released to rank
+    // 0's main thread (wait_ended), which sends the result grid to the other ranks while the
+    // files are written here.
     writer_.wait();
-    std::lock_guard lock(mutex_);
-    write_state(snapshot());
-    write_report();
-    if (verbose_ > 0) std::cout << table() << std::flush;
+    std::unique_lock lock(mutex_);
+    auto const state = snapshot();
+    report::html_options const html{.title = exp_.filename().string(), .metric = cfg_.metric, .mode = cfg_.mode};
+    auto const histories = book_.histories(report::points_per_line(html));
+    auto const last_table = verbose_ > 0 ? table() : std::string{};
+    ended_ = true;
+    cv_.notify_all();
+    lock.unlock();
+    write_state(state);
+    write_report(state.rows, histories, html);
+    if (verbose_ > 0) std::cout << last_table << std::flush;
+  }
+
+  /// Rank 0's main thread: waits until serve() has taken the last state from the book (its files
+  /// may still be being written: join serve()'s thread before they are read).
+  void wait_ended() {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return ended_; });
   }
 
   /// Rank 0's own group: the next assignment, waiting until there is one.
@@ -138,12 +155,18 @@ class coordinator {
     on_complete(msg);
   }
 
-  /// After serve() returned, on rank 0: every trial, in creation order, their histories moved
-  /// out of the book.
-  std::vector<tuning::trial_result> take_trials() { return book_.take_trials(); }
+  /// After wait_ended(), on rank 0: every trial, in creation order, their histories moved out of
+  /// the book.
+  std::vector<tuning::trial_result> take_trials() {
+    std::lock_guard lock(mutex_);
+    return book_.take_trials();
+  }
 
   /// Why the experiment did not finish (the error and whether it was preempted), as JSON.
-  nlohmann::json outcome() const { return book_.outcome(); }
+  nlohmann::json outcome() {
+    std::lock_guard lock(mutex_);
+    return book_.outcome();
+  }
 
  private:
   /// How many trials run at once: one per group, or fewer (tune_config::max_concurrent_trials).
@@ -314,10 +337,10 @@ class coordinator {
 
   /// report.html beside trials.csv (report::experiment_html: the trials table and a plot per
   /// metric), once, when the experiment ends however it ends.
-  void write_report() {
+  void write_report(std::vector<report::trial_row> const& rows, std::vector<std::vector<nlohmann::json>> const& histories,
+                    report::html_options const& o) {
     try {
-      report::html_options const o{.title = exp_.filename().string(), .metric = cfg_.metric, .mode = cfg_.mode};
-      report::write_file_atomic(exp_ / "report.html", report::experiment_html(book_.rows(), book_.histories(report::points_per_line(o)), o));
+      report::write_file_atomic(exp_ / "report.html", report::experiment_html(rows, histories, o));
     } catch (std::exception const& e) {
       std::cerr << ("[cohort] warning: " + std::string(e.what()) + "\n") << std::flush;
     }
@@ -338,6 +361,7 @@ class coordinator {
   std::map<std::string, nlohmann::json> owed_;  ///< decisions on quiet results, for the trial's next asked one
   std::deque<std::size_t> waiting_;  ///< groups that asked for a trial while none was free
   std::size_t groups_done_ = 0;
+  bool ended_ = false;  ///< serve() has taken the last state: the book is rank 0's main thread's
   std::chrono::steady_clock::time_point last_table_ = std::chrono::steady_clock::now(), last_state_ = last_table_;
   std::atomic<double> state_write_s_ = 0;  ///< how long the last write_state took (set on the writer's thread)
   cohort::detail::background_worker writer_{"cohort-state"};  ///< the periodic state rewrites; last member: joined first

@@ -161,9 +161,13 @@ class tuner {
     }
     cohort::detail::signal_guard signals;  // SIGTERM/SIGINT between trials: no new trial starts
     run_trials(coord, run, exp, comm, world, timeout_ms);
+    // The grid goes to the other ranks while rank 0's coordinator writes the experiment's last
+    // files (experiment_state.json, trials.csv, report.html); fit() returns once they are written.
+    if (server.joinable()) coord->wait_ended();
+    out = gather_results(std::move(out), coord, world);
     if (server.joinable()) server.join();
     if (callbacks) callbacks->finish(&info);
-    return gather_results(std::move(out), coord, world);
+    return out;
   }
 
  private:
