@@ -372,7 +372,8 @@ TEST_CASE("a leader sends quiet only results inside the span of the coordinator'
 }
 
 TEST_CASE("the trials sent to the other ranks at the end decode to what rank 0 holds, NaN included", "[tuning][pure]") {
-  // Catches: a history lost or left moved-out on rank 0 by the encoding, or a field dropped.
+  // Catches: a config, metrics or history lost or left moved-out on rank 0 by the encoding, or a
+  // field dropped.
   std::vector<cohort::tuning::trial_result> trials(2);
   trials[0].id = "trial_00000";
   trials[0].status = "TERMINATED";
@@ -380,16 +381,23 @@ TEST_CASE("the trials sent to the other ranks at the end decode to what rank 0 h
   trials[0].metrics_history = {{{"score", 1.5}, {"training_iteration", 1}}, {{"score", std::numeric_limits<double>::quiet_NaN()}, {"training_iteration", 2}}};
   trials[0].metrics = trials[0].metrics_history.back();
   trials[0].path = "exp/trial_00000";
+  trials[0].checkpoints = {{"exp/trial_00000/checkpoint_000001", {{"score", 1.5}}}};
   trials[1].id = "trial_00001";
   trials[1].status = "ERROR";
   trials[1].error = "broken";
   trials[1].num_failures = 2;
   auto const bytes = cohort::tuning::detail::encode_trials(trials);
-  REQUIRE(trials[0].metrics_history.size() == 2);  // rank 0's own grid keeps its histories
+  REQUIRE(trials[0].metrics_history.size() == 2);  // rank 0's own grid keeps its histories,
+  CHECK(trials[0].config == json{{"a", 1}});        // configs
+  CHECK(trials[0].metrics.at("training_iteration") == 2);  // and metrics
   auto const back = cohort::tuning::detail::decode_trials(bytes);
   REQUIRE(back.size() == 2);
   CHECK(back[0].id == "trial_00000");
   CHECK(back[0].config == json{{"a", 1}});
+  CHECK(back[0].metrics.at("training_iteration") == 2);
+  REQUIRE(back[0].checkpoints.size() == 1);
+  CHECK(back[0].checkpoints[0].path == "exp/trial_00000/checkpoint_000001");
+  CHECK(back[0].checkpoints[0].metrics == json{{"score", 1.5}});
   CHECK(back[0].path == "exp/trial_00000");
   REQUIRE(back[0].metrics_history.size() == 2);
   CHECK(back[0].metrics_history[0] == trials[0].metrics_history[0]);
