@@ -88,31 +88,22 @@ template <class Return, class Checkpointing>
 void collect_results(result<Return>& out, comm::any& control, report::protocol& reports, outcome<Return>& ran,
                      Checkpointing const& policy) {
   int const rank = control.rank();
-  // Rank 0's values, sent to the others as JSON text; every rank of a larger group reads the text
-  // back (a NaN is null on each), a one-rank group keeps them as they are.
-  bool const alone = control.size() == 1;
-  std::string history;
+  // Rank 0's value on every rank: sent as JSON text and read back on every rank of a larger group
+  // (a NaN is null on each); a one-rank group keeps it as it is.
+  auto share = [&](nlohmann::json value) {
+    if (control.size() == 1) return value;
+    return nlohmann::json::parse(comm::broadcast_string(control, rank == 0 ? value.dump() : std::string{}));
+  };
+  nlohmann::json history = nlohmann::json::array();
   if (rank == 0) {
     auto const& rows = reports.rows().history();
-    if (reports.under_tuner()) {
-      if (!rows.empty()) out.metrics_history.push_back(rows.back());
-    } else {
-      out.metrics_history.assign(rows.begin(), rows.end());
-    }
-    if (!alone) history = nlohmann::json(out.metrics_history).dump();
+    if (!reports.under_tuner()) history = rows;
+    else if (!rows.empty()) history.push_back(rows.back());
   }
-  if (!alone) {
-    history = comm::broadcast_string(control, std::move(history));
-    out.metrics_history.clear();
-    for (auto& row : nlohmann::json::parse(history)) out.metrics_history.push_back(std::move(row));
-  }
+  for (auto& row : share(std::move(history))) out.metrics_history.push_back(std::move(row));
   if (!out.metrics_history.empty()) out.metrics = out.metrics_history.back();
-  nlohmann::json ckpts;
-  if (rank == 0) {
-    reports.checkpoints().finish_validation();
-    ckpts = cohort::checkpointing::summary(reports.checkpoints(), policy);
-  }
-  if (!alone) ckpts = nlohmann::json::parse(comm::broadcast_string(control, rank == 0 ? ckpts.dump() : std::string{}));
+  if (rank == 0) reports.checkpoints().finish_validation();
+  auto ckpts = share(rank == 0 ? cohort::checkpointing::summary(reports.checkpoints(), policy) : nlohmann::json{});
   out.best_checkpoints = ckpts["best"].template get<std::vector<checkpoint_info>>();
   if (ckpts.contains("latest")) out.checkpoint = ckpts["latest"].template get<checkpoint_info>();
   if (out.stopped) {
