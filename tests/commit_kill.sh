@@ -7,7 +7,8 @@
 # in .staging without a manifest (data files), a manifest in .staging (its fsyncs and the rename),
 # neither (between commits), and a non-empty .trash (retention's delete under way). Then the next run must resume from the latest checkpoint_NNNNNN
 # that has a manifest (read back, every byte checked by the program), with no checkpoint skipped
-# or moved aside as corrupt; and so on KILLS times. ctest runs 20 kills; by hand, 200 or more:
+# or moved aside as corrupt, and result.json must hold the row of every committed checkpoint (the
+# row is appended before the commit); and so on KILLS times. ctest runs 20 kills; by hand, 200 or more:
 #   tests/commit_kill.sh build-test/tests/cohort_commit_kill_program /tmp/commit_kill 200
 set -u
 prog=$1 scratch=$2 kills=$3
@@ -56,6 +57,11 @@ for ((i = 1; i <= kills + 1; ++i)); do
   compgen -G "$run/.trash/*" >/dev/null && where="$where, retention's delete under way"
   landed[$where]=$((${landed[$where]:-0} + 1))
   last=$(latest)
+  if [ -n "$last" ]; then  # every committed checkpoint has its row: result.json reached its step
+    rows=$(grep -o '"training_iteration":[0-9]*' "$run/result.json" | cut -d: -f2 | sort -n | tail -1)
+    [ "${rows:-0}" -ge $((10#${last#checkpoint_})) ] ||
+      fail "$last was committed but result.json's last row is iteration ${rows:-none} (killed: $where)"
+  fi
   expect=${last:+resumed from $last at step $((10#${last#checkpoint_}))}
   expect=${expect:-fresh run}
 done

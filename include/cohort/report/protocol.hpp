@@ -204,6 +204,7 @@ class protocol {
   /// its files into one staging directory, the ranks agree that all writes succeeded, rank 0
   /// commits (manifest, fsync, rename) and applies the retention policy, and the ranks agree on
   /// the commit. Any failure is a cohort::error on every rank; committed checkpoints are intact.
+  /// Rank 0 appends the report's row before it commits, so every committed checkpoint has its row.
   /// In async mode the writing and rank 0's commit run on the worker; the agreement on
   /// checkpoint k happens at the next checkpointed report or at the end of fit (flush()).
   void report_checkpoint(nlohmann::json metrics, checkpoint_payload const& payload, validate_fn const& validate) {
@@ -220,15 +221,27 @@ class protocol {
       staging_.undo(iteration, payload);
       throw cohort::error(*e);
     }
+    // The row first, then the commit (as in async mode): a crash between the two leaves a row
+    // whose checkpoint was never committed, and the resume redoes that iteration; never a
+    // committed checkpoint whose row is missing from result.json.
     if (rank() == 0) {
+      bool recorded = false;
       try {
+        rows_.record(row);
+        recorded = true;
         commit_now(iteration, row, validate, &payload);
       } catch (std::exception const& e) {
         err = e.what();
+        if (!recorded) {  // the row could not be written: nor is the checkpoint committed
+          staging_.undo(iteration, payload);
+          std::error_code ec;
+          std::filesystem::remove_all(staging_.of(iteration), ec);
+        }
       }
+    } else {
+      rows_.record(std::move(row));
     }
     if (auto e = agree_on(err)) throw cohort::error(*e);
-    rows_.record(std::move(row));
     tell_callbacks();
     stop_if_asked();
     consult_listener();
