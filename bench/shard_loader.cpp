@@ -15,8 +15,8 @@
 #include <cohort/cohort.hpp>
 #include <cohort/data/jpeg.hpp>
 #include <cohort/data/shard_writer.hpp>
-#include <cohort/torch/image.hpp>
-#include <cohort/torch/shard_dataset.hpp>
+#include <cohort/data/torch/image.hpp>
+#include <cohort/data/torch/shard_dataset.hpp>
 
 #include <unistd.h>
 

@@ -2,8 +2,8 @@
 # Finds libarchive (find_package(LibArchive)) and libjpeg-turbo's TurboJPEG library (turbojpeg.h,
 # libturbojpeg) and, with both, defines the imported target cohort::shards: cohort::cohort (which
 # must exist) plus both libraries, what a program reading or writing WebDataset tar shards
-# (cohort/data/tar_shard.hpp, shard_set.hpp, shard_writer.hpp; cohort/torch/shard_dataset.hpp)
-# or decoding JPEG (cohort/data/jpeg.hpp, cohort/torch/image.hpp) links. Sets COHORT_SHARDS_FOUND
+# (cohort/data/tar_shard.hpp, shard_set.hpp, shard_writer.hpp; cohort/data/torch/shard_dataset.hpp)
+# or decoding JPEG (cohort/data/jpeg.hpp, cohort/data/torch/image.hpp) links. Sets COHORT_SHARDS_FOUND
 # and, when not found, COHORT_SHARDS_MISSING (what is missing, for a message).
 function(cohort_find_shards)
   set(COHORT_SHARDS_FOUND OFF PARENT_SCOPE)

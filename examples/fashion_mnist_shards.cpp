@@ -9,8 +9,8 @@
 
 #include <cohort/cohort.hpp>
 #include <cohort/torch/fit_loop.hpp>
-#include <cohort/torch/image.hpp>
-#include <cohort/torch/shard_dataset.hpp>
+#include <cohort/data/torch/image.hpp>
+#include <cohort/data/torch/shard_dataset.hpp>
 
 #include <iostream>
 #include <string>

@@ -12,7 +12,7 @@
 // threads: a resume must then restore the shard order, the place in each shard and the buffer.
 #include <cohort/cohort.hpp>
 #include <cohort/data/shard_writer.hpp>
-#include <cohort/torch/shard_dataset.hpp>
+#include <cohort/data/torch/shard_dataset.hpp>
 
 #include "small_net.hpp"
 

@@ -25,8 +25,8 @@
 #include "cohort/report/protocol.hpp"
 #include "cohort/scaling/device.hpp"
 #include "cohort/scaling/topology.hpp"
-#include "cohort/sharding/datasets.hpp"
-#include "cohort/sharding/loader_options.hpp"
+#include "cohort/data/datasets.hpp"
+#include "cohort/data/loader_options.hpp"
 #include "cohort/sharding/redeal.hpp"
 
 namespace cohort {
@@ -131,7 +131,7 @@ class context {
   /// This rank's loader of the trainer's dataset `name` (a cohort::tensor_dataset given through
   /// cohort::datasets): sharded by the trainer's policy, batched, prefetched, on this rank's
   /// device. The same loader on every call, so `for (auto& b : ctx.dataset_shard("train").epoch())`
-  /// runs epoch after epoch. Needs LibTorch (cohort/torch/data_loader.hpp). No communication.
+  /// runs epoch after epoch. Needs LibTorch (cohort/data/torch/data_loader.hpp). No communication.
   template <class Options = loader_options>
   auto& dataset_shard(std::string const& name, Options const& options = {}) {
     return dataset_shard_for(*this, name, options);  // found by ADL in torch/

@@ -1,5 +1,5 @@
 #include <cohort/concepts.hpp>
-#include <cohort/sharding/loader_options.hpp>
+#include <cohort/data/loader_options.hpp>
 #include <cohort/sharding/policies.hpp>
 #include <cohort/sharding/redeal.hpp>
 
@@ -68,7 +68,7 @@ TEST_CASE("the order table of docs/data.md: 10 samples over 3 ranks, the same on
   for (auto const& [got, want] : rows) CHECK(got == want);
 }
 
-#include <cohort/sharding/batch_size.hpp>
+#include <cohort/data/batch_size.hpp>
 
 TEST_CASE("global batch size is per-worker batch size times the world size", "[sharding][pure]") {
   CHECK(cohort::global_batch_size(64, 3) == 192);

@@ -9,7 +9,7 @@
 
 #include "cohort/concepts.hpp"
 #include "cohort/report/callbacks.hpp"
-#include "cohort/sharding/datasets.hpp"
+#include "cohort/data/datasets.hpp"
 
 namespace cohort::detail {
 

@@ -1,24 +1,12 @@
 #pragma once
 /// \file
-/// Global vs per-worker batch size: global = per-worker x world size.
+/// Deprecated: this header moved to cohort/data/batch_size.hpp with the rest of the data concern. It forwards there,
+/// with a warning, until 0.2.0 removes it (CHANGELOG.md).
 
-#include <cstdint>
-#include <string>
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC warning "cohort/sharding/batch_size.hpp is deprecated: include <cohort/data/batch_size.hpp> (this header goes in 0.2.0)"
+#else
+#pragma message("cohort/sharding/batch_size.hpp is deprecated: include <cohort/data/batch_size.hpp> (this header goes in 0.2.0)")
+#endif
 
-#include "cohort/error.hpp"
-
-namespace cohort {
-
-/// Pure: the global batch size of `per_worker` samples on each of `world_size` ranks.
-inline std::int64_t global_batch_size(std::int64_t per_worker, int world_size) { return per_worker * world_size; }
-
-/// Pure: each rank's batch size for a `global` batch over `world_size` ranks. Throws
-/// cohort::error when it does not divide evenly (the ranks would step on unequal batches).
-inline std::int64_t per_worker_batch_size(std::int64_t global, int world_size) {
-  if (world_size <= 0 || global <= 0 || global % world_size != 0)
-    throw cohort::error("global batch size " + std::to_string(global) + " does not divide over " +
-                        std::to_string(world_size) + " ranks: choose a multiple of the rank count");
-  return global / world_size;
-}
-
-}  // namespace cohort
+#include "cohort/data/batch_size.hpp"

@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/context.hpp"
-#include "cohort/torch/data_loader.hpp"
+#include "cohort/data/torch/data_loader.hpp"
 #include "cohort/torch/grad_scaler.hpp"
 
 namespace cohort {

@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/error.hpp"
-#include "cohort/sharding/loader_options.hpp"
+#include "cohort/data/loader_options.hpp"
 #include "cohort/sharding/redeal.hpp"
 
 namespace cohort {

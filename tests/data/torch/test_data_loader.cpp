@@ -4,8 +4,8 @@
 
 #include <set>
 
-#include "../catch.hpp"
-#include "../support.hpp"
+#include "../../catch.hpp"
+#include "../../support.hpp"
 
 namespace {
 

@@ -3,7 +3,7 @@
 #include <cohort/cohort.hpp>
 #include <cohort/data/shard_writer.hpp>
 #include <cohort/torch/fit_loop.hpp>
-#include <cohort/torch/shard_dataset.hpp>
+#include <cohort/data/torch/shard_dataset.hpp>
 
 #include <chrono>
 #include <fstream>
@@ -11,8 +11,8 @@
 #include <set>
 #include <thread>
 
-#include "../catch.hpp"
-#include "../support.hpp"
+#include "../../catch.hpp"
+#include "../../support.hpp"
 
 namespace fs = std::filesystem;
 
