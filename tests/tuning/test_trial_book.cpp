@@ -372,8 +372,8 @@ TEST_CASE("a leader sends quiet only results inside the span of the coordinator'
 }
 
 TEST_CASE("the trials sent to the other ranks at the end decode to what rank 0 holds, NaN included", "[tuning][pure]") {
-  // Catches: a config, metrics or history lost or left moved-out on rank 0 by the encoding, or a
-  // field dropped.
+  // Catches: a config, metrics, history or checkpoint's metrics lost or left moved-out on rank 0
+  // by the encoding, or a field dropped.
   std::vector<cohort::tuning::trial_result> trials(2);
   trials[0].id = "trial_00000";
   trials[0].status = "TERMINATED";
@@ -389,7 +389,8 @@ TEST_CASE("the trials sent to the other ranks at the end decode to what rank 0 h
   auto const bytes = cohort::tuning::detail::encode_trials(trials);
   REQUIRE(trials[0].metrics_history.size() == 2);  // rank 0's own grid keeps its histories,
   CHECK(trials[0].config == json{{"a", 1}});        // configs
-  CHECK(trials[0].metrics.at("training_iteration") == 2);  // and metrics
+  CHECK(trials[0].metrics.at("training_iteration") == 2);  // metrics
+  CHECK(trials[0].checkpoints.at(0).metrics == json{{"score", 1.5}});  // and checkpoints' metrics
   auto const back = cohort::tuning::detail::decode_trials(bytes);
   REQUIRE(back.size() == 2);
   CHECK(back[0].id == "trial_00000");

@@ -12,6 +12,7 @@
 #include <iterator>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -143,32 +144,64 @@ class quiet_results {
 
 /// The trials as MessagePack (nlohmann::json::to_msgpack), for the broadcast at the end of an
 /// experiment: a third faster to write and to read than JSON text for long histories, and NaN
-/// stays NaN. The histories are moved into the message's tree and back, not copied.
+/// stays NaN. Each trial is an array of its fields in a fixed order (trial_fields), not an object:
+/// no key is written or looked up. Its JSON values (config, metrics, history, each checkpoint's
+/// metrics) are moved into the message's tree and back, and out of the decoded tree, never
+/// copied (bench_tune trials/N: the other ranks decode every trial of the experiment).
+struct trial_fields {
+  enum : std::size_t { id, status, config, metrics, history, path, checkpoints, num_failures, error, count };
+};
+
+/// Swaps trial `t`'s JSON values with those of `j`, an array in trial_fields order (the same
+/// call puts them back).
+inline void swap_trial_values(tuning::trial_result& t, nlohmann::json& j) {
+  using f = trial_fields;
+  std::swap(t.config, j[f::config]);
+  std::swap(t.metrics, j[f::metrics]);
+  std::swap(t.metrics_history, j[f::history].get_ref<nlohmann::json::array_t&>());
+  auto& checkpoints = j[f::checkpoints];
+  for (std::size_t i = 0; i < t.checkpoints.size(); ++i) std::swap(t.checkpoints[i].metrics, checkpoints[i][1]);
+}
+
 inline std::string encode_trials(std::vector<tuning::trial_result>& trials) {
   nlohmann::json all = nlohmann::json::array();
+  all.get_ref<nlohmann::json::array_t&>().reserve(trials.size());
+  struct put_back {  // the values go back to the trials however the encoding ends
+    std::vector<tuning::trial_result>& trials;
+    nlohmann::json& all;
+    ~put_back() {
+      for (std::size_t i = 0; i < all.size(); ++i) swap_trial_values(trials[i], all[i]);
+    }
+  } const guard{trials, all};
   for (auto& t : trials) {
-    nlohmann::json::array_t rows;
-    std::swap(rows, t.metrics_history);
-    auto& j = all.emplace_back(t);  // to_json, with the history left empty
-    std::swap(rows, j["history"].get_ref<nlohmann::json::array_t&>());
+    auto checkpoints = nlohmann::json::array();
+    for (auto const& c : t.checkpoints) checkpoints.push_back(nlohmann::json::array({c.path.string(), nullptr}));
+    auto& j = all.emplace_back(nlohmann::json::array({t.id, t.status, nullptr, nullptr, nlohmann::json::array(), t.path.string(),
+                                                      std::move(checkpoints), t.num_failures,
+                                                      t.error ? nlohmann::json(*t.error) : nlohmann::json()}));
+    swap_trial_values(t, j);
   }
   std::string bytes;
   nlohmann::json::to_msgpack(all, bytes);
-  for (std::size_t i = 0; i < trials.size(); ++i)
-    std::swap(trials[i].metrics_history, all[i]["history"].get_ref<nlohmann::json::array_t&>());
   return bytes;
 }
 
-/// What encode_trials wrote; each history moved out of the decoded tree, not copied.
+/// What encode_trials wrote.
 inline std::vector<tuning::trial_result> decode_trials(std::string const& bytes) {
+  using f = trial_fields;
   auto all = nlohmann::json::from_msgpack(bytes);
   std::vector<tuning::trial_result> out;
   out.reserve(all.size());
   for (auto& j : all) {
-    auto history = std::move(j.at("history"));
-    j["history"] = nlohmann::json::array();
-    auto& t = out.emplace_back(j.get<tuning::trial_result>());
-    std::swap(t.metrics_history, history.get_ref<nlohmann::json::array_t&>());
+    if (!j.is_array() || j.size() != f::count) throw std::runtime_error("decode_trials: not a trial's fields");
+    auto& t = out.emplace_back();
+    t.id = std::move(j[f::id].get_ref<std::string&>());
+    t.status = std::move(j[f::status].get_ref<std::string&>());
+    t.path = std::move(j[f::path].get_ref<std::string&>());
+    t.num_failures = j[f::num_failures].get<std::size_t>();
+    if (j[f::error].is_string()) t.error = std::move(j[f::error].get_ref<std::string&>());
+    for (auto& c : j[f::checkpoints]) t.checkpoints.push_back({std::move(c[0].get_ref<std::string&>()), nlohmann::json()});
+    swap_trial_values(t, j);
   }
   return out;
 }
