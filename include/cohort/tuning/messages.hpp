@@ -142,12 +142,7 @@ class quiet_results {
   std::size_t sent_since_answer_ = 0;
 };
 
-/// The trials as MessagePack (nlohmann::json::to_msgpack), for the broadcast at the end of an
-/// experiment: a third faster to write and to read than JSON text for long histories, and NaN
-/// stays NaN. Each trial is an array of its fields in a fixed order (trial_fields), not an object:
-/// no key is written or looked up. Its JSON values (config, metrics, history, each checkpoint's
-/// metrics) are moved into the message's tree and back, and out of the decoded tree, never
-/// copied (bench_tune trials/N: the other ranks decode every trial of the experiment).
+/// The positions of a trial's fields in encode_trials' message (each checkpoint: [path, metrics]).
 struct trial_fields {
   enum : std::size_t { id, status, config, metrics, history, path, checkpoints, num_failures, error, count };
 };
@@ -163,6 +158,12 @@ inline void swap_trial_values(tuning::trial_result& t, nlohmann::json& j) {
   for (std::size_t i = 0; i < t.checkpoints.size(); ++i) std::swap(t.checkpoints[i].metrics, checkpoints[i][1]);
 }
 
+/// The trials as MessagePack (nlohmann::json::to_msgpack), for the broadcast at the end of an
+/// experiment: a third faster to write and to read than JSON text for long histories, and NaN
+/// stays NaN. Each trial is an array of its fields in a fixed order (trial_fields), not an object:
+/// no key is written or looked up. Its JSON values (config, metrics, history, each checkpoint's
+/// metrics) are moved into the message's tree and back, never copied (bench_tune trials/N: the
+/// other ranks decode every trial of the experiment).
 inline std::string encode_trials(std::vector<tuning::trial_result>& trials) {
   nlohmann::json all = nlohmann::json::array();
   all.get_ref<nlohmann::json::array_t&>().reserve(trials.size());
@@ -186,7 +187,7 @@ inline std::string encode_trials(std::vector<tuning::trial_result>& trials) {
   return bytes;
 }
 
-/// What encode_trials wrote.
+/// What encode_trials wrote, the JSON values moved out of the decoded tree.
 inline std::vector<tuning::trial_result> decode_trials(std::string const& bytes) {
   using f = trial_fields;
   auto all = nlohmann::json::from_msgpack(bytes);
