@@ -96,10 +96,10 @@ void cohort_backward(benchmark::State& state) { backward(state, true); }
 /// --guard: synchronising 1 MiB of gradients through prepare_model against a raw MPI_Allreduce of
 /// the same bytes, 9 alternating rounds of 20 of each (raw, backward without, backward through
 /// cohort), each timed as the benchmark times it (after a barrier, the slowest rank); the median
-/// of the rounds' throughput ratios, raw / (through cohort - without), must stay >= 0.45. The
+/// of the rounds' throughput ratios, raw / (through cohort - without), must stay >= 0.35. The
 /// -O1 test build on the 2-core VM of docs/benchmarks.md gives 0.55-0.84 (this code and the one
-/// before it alike; 0.54 with a build beside it), so a higher bound flips on load; a millisecond
-/// more per backward gives under 0.25.
+/// before it alike; 0.54 with a build beside it, 0.435 beside a cold one), so a higher bound
+/// flips on load; a millisecond more per backward gives under 0.25.
 void guard_sync() {
   constexpr std::int64_t bytes = 1 << 20;
   constexpr int per_round = 20;
@@ -126,7 +126,7 @@ void guard_sync() {
     ratios.push_back(c > l ? r / (c - l) : 1e9);
   }
   cohort_bench::check_guard("1 MiB gradient sync throughput through cohort / raw MPI_Allreduce (median of 9 alternating rounds)",
-                            cohort_bench::median(ratios), false, 0.45);
+                            cohort_bench::median(ratios), false, 0.35);
 }
 
 void register_all() {
