@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # slurm.sh SOURCE_DIR SCRATCH QUICKSTART FAULT_PROGRAM FASHION_MNIST
 # A one-node Slurm made here (Debian's slurm-wlm: slurmctld and slurmd, and munged for its
-# authentication, each with its config, key, socket and state in SCRATCH; all stopped on exit), then:
+# authentication, with their config, state and logs in SCRATCH, munged's key and socket in a
+# directory of its own; on ports nothing listens on; all stopped on exit), then:
 #   - `srun --mpi=pmix -n 2` the quickstart: it trains on the 2 ranks Slurm started;
 #   - `srun --mpi=pmix -n 3` the fault program: each rank's node and local rank as Slurm placed it;
 #   - examples/slurm.sbatch with `sbatch --wait` on one node, 2 tasks: the Fashion-MNIST example.
@@ -16,6 +17,9 @@ for c in slurmctld slurmd srun sbatch munged; do
   command -v $c >/dev/null || skip "$c is not installed (apt-get install slurm-wlm munge; scripts/test does)"
 done
 rm -rf "$scratch" && mkdir -p "$scratch"/{state,spool,runs}
+# munged refuses a key, socket or log whose directory, or any directory above it, others may write
+# without the sticky bit: its files live in a directory of its own under /tmp, not in the build tree.
+munge=$(mktemp -d /tmp/cohort-test-munge.XXXXXX) && chmod 755 "$munge" || skip "mktemp -d under /tmp failed"
 pids=()  # the daemons, run in the foreground of this script's children
 cleanup() {
   # Jobs left by a step that timed out run under slurmstepd, not under this script: cancel them.
@@ -24,31 +28,50 @@ cleanup() {
   [ -z "$jobs" ] || { scancel $jobs 2>/dev/null; sleep 2; }
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
+  cp "$munge/munged.log" "$scratch/" 2>/dev/null
+  rm -rf "$munge"
   true
 }
 trap cleanup EXIT
-# started NAME LOG: fails when the daemon just started ($!) has already exited.
-started() {
-  pids+=($!)
-  sleep 1
-  kill -0 "$!" 2>/dev/null || skip "$1 does not start here: $(tail -2 "$2" 2>/dev/null | tr '\n' ' ')"
+# ready NAME LOG PID CHECK...: waits up to 30 s until the command CHECK succeeds, and skips with the
+# tail of the daemon's LOG when its process PID has exited first (or CHECK never succeeds).
+ready() {
+  local name=$1 log=$2 pid=$3
+  shift 3
+  for _ in $(seq 1 60); do
+    "$@" >/dev/null 2>&1 && return 0
+    kill -0 "$pid" 2>/dev/null || skip "$name does not start here: $(tail -3 "$log" 2>/dev/null | tr '\n' ' ')"
+    sleep 0.5
+  done
+  skip "$name did not get ready in 30 s: $(tail -3 "$log" 2>/dev/null | tr '\n' ' ')"
+}
+# free_port: a TCP port below Linux's ephemeral range (where MPI jobs beside this test listen) that
+# nothing listens on, with the next one free too.
+free_port() {
+  local p used
+  used=$(ss -Htln 2>/dev/null | awk '{n = split($4, a, ":"); print a[n]}')
+  for p in $(shuf -i 20000-32000 -n 200); do
+    grep -qx "$p" <<<"$used" || grep -qx "$((p + 1))" <<<"$used" || { echo "$p"; return; }
+  done
+  echo $((20000 + $$ % 12000))
 }
 
 # munged with a key of its own, on a socket of its own.
-dd if=/dev/urandom of="$scratch/munge.key" bs=1024 count=1 status=none && chmod 400 "$scratch/munge.key"
-munged --foreground --socket="$scratch/munge.sock" --key-file="$scratch/munge.key" --pid-file="$scratch/munged.pid" \
-  --log-file="$scratch/munged.log" --seed-file="$scratch/munge.seed" >>"$scratch/munged.log" 2>&1 &
-started munged "$scratch/munged.log"
+dd if=/dev/urandom of="$munge/munge.key" bs=1024 count=1 status=none && chmod 400 "$munge/munge.key"
+munged --foreground --socket="$munge/munge.sock" --key-file="$munge/munge.key" --pid-file="$munge/munged.pid" \
+  --log-file="$munge/munged.log" --seed-file="$munge/munge.seed" >>"$munge/munged.log" 2>&1 &
+pids+=($!)
+ready munged "$munge/munged.log" $! test -S "$munge/munge.sock"
 
-host=$(hostname) port=$((20000 + $$ % 20000))
+host=$(hostname) port=$(free_port)  # the controller matches its host by the short name
 export SLURM_CONF=$scratch/slurm.conf
 cat >"$SLURM_CONF" <<EOF
 ClusterName=cohorttest
-SlurmctldHost=$host
+SlurmctldHost=$(hostname -s)(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$scratch/munge.sock
+AuthInfo=socket=$munge/munge.sock
 CredType=cred/munge
 StateSaveLocation=$scratch/state
 SlurmdSpoolDir=$scratch/spool
@@ -66,15 +89,15 @@ MpiDefault=none
 ReturnToService=2
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
-NodeName=$host CPUs=$(nproc) State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 EOF
 slurmctld -D -f "$SLURM_CONF" >>"$scratch/slurmctld.log" 2>&1 &
-started slurmctld "$scratch/slurmctld.log"
-slurmd -D -f "$SLURM_CONF" >>"$scratch/slurmd.log" 2>&1 &
-started slurmd "$scratch/slurmd.log"
-for _ in $(seq 1 60); do sinfo -h -o %T 2>/dev/null | grep -q idle && break; sleep 0.5; done
-sinfo -h -o %T 2>/dev/null | grep -q idle || skip "the test Slurm's node did not come up: $(tail -2 "$scratch/slurmd.log")"
+pids+=($!)
+ready slurmctld "$scratch/slurmctld.log" $! bash -c 'scontrol ping | grep -q UP'
+slurmd -D -N "$host" -f "$SLURM_CONF" >>"$scratch/slurmd.log" 2>&1 &
+pids+=($!)
+ready slurmd "$scratch/slurmd.log" $! bash -c 'sinfo -h -o %T | grep -q idle'
 
 out=$(timeout 120 srun --mpi=pmix -n 2 "$quickstart" --storage "$scratch/runs" 2>&1)
 rc=$?
