@@ -2,6 +2,8 @@
 /// \file
 /// The FIFO scheduler (Ray's FIFOScheduler): every trial runs to its end.
 
+#include <nlohmann/json.hpp>
+
 #include "cohort/tuning/schedule/common.hpp"
 
 namespace cohort::tuning::schedule {

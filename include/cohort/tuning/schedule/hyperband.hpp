@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cohort/detail/internal_state.hpp"
 #include "cohort/tuning/schedule/common.hpp"
 #include "cohort/tuning/schedule/hyperband_brackets.hpp"

@@ -2,6 +2,8 @@
 /// \file
 /// The median stopping rule (Ray's MedianStoppingRule).
 
+#include <nlohmann/json.hpp>
+
 #include "cohort/detail/internal_state.hpp"
 #include "cohort/tuning/schedule/common.hpp"
 

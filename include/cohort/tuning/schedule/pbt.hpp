@@ -2,6 +2,8 @@
 /// \file
 /// Population based training (Ray's PopulationBasedTraining), and the mutations it explores with.
 
+#include <nlohmann/json.hpp>
+
 #include "cohort/detail/internal_state.hpp"
 #include "cohort/tuning/schedule/common.hpp"
 
