@@ -53,7 +53,7 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 
 # The optimisation level (COHORT_OPT, default -O3, CMake's Release): scripts/test builds its test
-# trees at -O0 (its benchmarks and the ThreadSanitizer tree at -O1), which compiles the
+# trees at -O0 (its guarded benchmarks and the ThreadSanitizer tree at -O1), which compiles the
 # LibTorch-heavy translation units that dominate CI's time in 20-50% less time; benchmarks and
 # the examples' figures come from -O3 builds. Passed on every configure, so that a build folder
 # never keeps a level from an earlier run.
