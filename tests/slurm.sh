@@ -33,11 +33,13 @@ cleanup() {
   true
 }
 trap cleanup EXIT
-# ready NAME LOG PID CHECK...: waits up to 30 s until the command CHECK succeeds, and skips with the
-# tail of the daemon's LOG when its process PID has exited first (or CHECK never succeeds).
+# ready NAME LOG CHECK...: for the daemon just started ($!, stopped on exit), waits up to 30 s until
+# the command CHECK succeeds, and skips with the tail of its LOG when it has exited first (or CHECK
+# never succeeds).
 ready() {
-  local name=$1 log=$2 pid=$3
-  shift 3
+  local name=$1 log=$2 pid=$!
+  pids+=("$pid")
+  shift 2
   for _ in $(seq 1 60); do
     "$@" >/dev/null 2>&1 && return 0
     kill -0 "$pid" 2>/dev/null || skip "$name does not start here: $(tail -3 "$log" 2>/dev/null | tr '\n' ' ')"
@@ -60,8 +62,7 @@ free_port() {
 dd if=/dev/urandom of="$munge/munge.key" bs=1024 count=1 status=none && chmod 400 "$munge/munge.key"
 munged --foreground --socket="$munge/munge.sock" --key-file="$munge/munge.key" --pid-file="$munge/munged.pid" \
   --log-file="$munge/munged.log" --seed-file="$munge/munge.seed" >>"$munge/munged.log" 2>&1 &
-pids+=($!)
-ready munged "$munge/munged.log" $! test -S "$munge/munge.sock"
+ready munged "$munge/munged.log" test -S "$munge/munge.sock"
 
 host=$(hostname) port=$(free_port)  # the controller matches its host by the short name
 export SLURM_CONF=$scratch/slurm.conf
@@ -93,11 +94,9 @@ NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 EOF
 slurmctld -D -f "$SLURM_CONF" >>"$scratch/slurmctld.log" 2>&1 &
-pids+=($!)
-ready slurmctld "$scratch/slurmctld.log" $! bash -c 'scontrol ping | grep -q UP'
+ready slurmctld "$scratch/slurmctld.log" bash -c 'scontrol ping | grep -q UP'
 slurmd -D -N "$host" -f "$SLURM_CONF" >>"$scratch/slurmd.log" 2>&1 &
-pids+=($!)
-ready slurmd "$scratch/slurmd.log" $! bash -c 'sinfo -h -o %T | grep -q idle'
+ready slurmd "$scratch/slurmd.log" bash -c 'sinfo -h -o %T | grep -q idle'
 
 out=$(timeout 120 srun --mpi=pmix -n 2 "$quickstart" --storage "$scratch/runs" 2>&1)
 rc=$?
