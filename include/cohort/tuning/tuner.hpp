@@ -98,23 +98,23 @@ auto make_trainer(Trainable t, tune_config const& cfg) {
 template <class Trainable, class... Policies>
 class tuner {
   static_assert((tuning::detail::check_tuner_policy<Policies>::value && ...));
-  static_assert(cohort::detail::count_matching<tuning::detail::is_searcher, Policies...> <= 1 &&
-                    cohort::detail::count_matching<tuning::detail::is_scheduler, Policies...> <= 1 &&
-                    cohort::detail::count_matching<tuning::detail::is_config, Policies...> <= 1,
+  static_assert(cohort::detail::trainer::count_matching<tuning::detail::is_searcher, Policies...> <= 1 &&
+                    cohort::detail::trainer::count_matching<tuning::detail::is_scheduler, Policies...> <= 1 &&
+                    cohort::detail::trainer::count_matching<tuning::detail::is_config, Policies...> <= 1,
                 "cohort::tuner: two searchers, two schedulers or two tune_configs given");
 
  public:
-  using searcher_type = typename cohort::detail::policy_or<tuning::detail::is_searcher, search::basic, Policies...>::type;
-  using scheduler_type = typename cohort::detail::policy_or<tuning::detail::is_scheduler, schedule::fifo, Policies...>::type;
-  using stoppers_type = decltype(cohort::detail::those_matching<tuning::detail::is_stopper>(std::declval<Policies const&>()...));
-  using callbacks_type = decltype(cohort::detail::those_matching<cohort::detail::is_callback>(std::declval<Policies const&>()...));
+  using searcher_type = typename cohort::detail::trainer::policy_or<tuning::detail::is_searcher, search::basic, Policies...>::type;
+  using scheduler_type = typename cohort::detail::trainer::policy_or<tuning::detail::is_scheduler, schedule::fifo, Policies...>::type;
+  using stoppers_type = decltype(cohort::detail::trainer::those_matching<tuning::detail::is_stopper>(std::declval<Policies const&>()...));
+  using callbacks_type = decltype(cohort::detail::trainer::those_matching<cohort::detail::trainer::is_callback>(std::declval<Policies const&>()...));
 
   explicit tuner(Trainable trainable, Policies... policies)
       : config_(config_argument(policies...)),
         searcher_(policy_argument<searcher_type>(policies...)),
         scheduler_(policy_argument<scheduler_type>(policies...)),
-        stoppers_(cohort::detail::those_matching<tuning::detail::is_stopper>(policies...)),
-        callbacks_(cohort::detail::those_matching<cohort::detail::is_callback>(policies...)),
+        stoppers_(cohort::detail::trainer::those_matching<tuning::detail::is_stopper>(policies...)),
+        callbacks_(cohort::detail::trainer::those_matching<cohort::detail::trainer::is_callback>(policies...)),
         trainer_(tuning::detail::make_trainer(std::move(trainable), config_)) {}
 
   tune_config const& config() const { return config_; }
@@ -132,7 +132,7 @@ class tuner {
     out.objective = {config_.metric, config_.mode};
     MPI_Comm comm = MPI_COMM_NULL;
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
-    int const timeout_ms = cohort::detail::deadline_ms(run);
+    int const timeout_ms = cohort::detail::trainer::deadline_ms(run);
     comm::mpi world(comm, comm::ownership::owned, {.timeout_ms = timeout_ms, .name = "tuner"});
     int const rank = world.rank();
     if (auto err = job_error(world.size(), run)) return fail(std::move(out), *err, rank);
@@ -159,7 +159,7 @@ class tuner {
         coord->serve();
       });
     }
-    cohort::detail::signal_guard signals;  // SIGTERM/SIGINT between trials: no new trial starts
+    cohort::detail::trainer::signal_guard signals;  // SIGTERM/SIGINT between trials: no new trial starts
     run_trials(coord, run, exp, comm, world, timeout_ms);
     // The grid goes to the other ranks while rank 0's coordinator writes the experiment's last
     // files (experiment_state.json, trials.csv, report.html); fit() returns once they are written.
@@ -243,7 +243,7 @@ class tuner {
     run_config trial_run = run;
     trial_run.storage_path = exp.string();
     trial_run.verbose = run.verbose >= 2 ? 1 : 0;
-    std::optional<cohort::detail::run_comms> comms;  // the trainer's, kept while trials end cleanly
+    std::optional<cohort::detail::trainer::run_comms> comms;  // the trainer's, kept while trials end cleanly
     for (;;) {
       std::string text;
       if (leader) {
@@ -288,7 +288,7 @@ class tuner {
   /// may leave messages unreceived), the same on every rank of the group as the trial's outcome is.
   cohort::result<void> run_trial(std::optional<coordinator_type>& coord, nlohmann::json const& assignment,
                                  run_config const& trial_run, MPI_Comm comm, comm::mpi& group,
-                                 std::optional<cohort::detail::run_comms>& comms, int rank) {
+                                 std::optional<cohort::detail::trainer::run_comms>& comms, int rank) {
     nlohmann::json const& config = assignment.at("config");
     auto const num_failures = assignment.value("num_failures", std::size_t{0});
     tuning::detail::quiet_results quiet;

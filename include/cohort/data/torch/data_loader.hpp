@@ -32,7 +32,6 @@
 #include "cohort/data/loader_options.hpp"
 #include "cohort/sharding/redeal.hpp"
 #include "cohort/data/torch/batch_sources.hpp"
-#include "cohort/torch/to_torch.hpp"
 
 namespace cohort {
 
@@ -272,7 +271,7 @@ class data_loader<Source>::epoch_range {
     // The rank's GPU current on this thread too: pinning memory here otherwise makes a CUDA
     // context on GPU 0, one per rank of a node.
     std::optional<c10::DeviceGuard> on_device;
-    if (loader_->device_.kind == device_kind::cuda) on_device.emplace(to_torch(loader_->device_));
+    if (loader_->device_.kind == device_kind::cuda) on_device.emplace(::torch::Device(loader_->device_.str()));
     for (;;) {
       std::int64_t b = 0;
       made_batch out;
@@ -336,8 +335,8 @@ class data_loader<Source>::epoch_range {
     l.stats_.skipped_samples += current_->skipped_samples;
     l.stats_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (l.device_.kind == device_kind::cuda) {
-      current_->inputs = current_->inputs.to(to_torch(l.device_), /*non_blocking=*/true);
-      current_->targets = current_->targets.to(to_torch(l.device_), /*non_blocking=*/true);
+      current_->inputs = current_->inputs.to(::torch::Device(l.device_.str()), /*non_blocking=*/true);
+      current_->targets = current_->targets.to(::torch::Device(l.device_.str()), /*non_blocking=*/true);
     }
   }
 

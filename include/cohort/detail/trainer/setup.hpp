@@ -45,7 +45,7 @@
 #include "cohort/torch/threads.hpp"
 #endif
 
-namespace cohort::detail {
+namespace cohort::detail::trainer {
 
 /// Where `config` fails to convert into `T`, as the start of an error ("field 'lr': "): each
 /// field alone over a default `T`'s JSON, tried in turn; or a config that is not an object where
@@ -293,4 +293,4 @@ placement place(Scaling const& policy, comm::any& control, std::filesystem::path
   return out;
 }
 
-}  // namespace cohort::detail
+}  // namespace cohort::detail::trainer

@@ -11,7 +11,7 @@
 #include "cohort/report/callbacks.hpp"
 #include "cohort/data/datasets.hpp"
 
-namespace cohort::detail {
+namespace cohort::detail::trainer {
 
 template <class P>
 inline constexpr int policy_axes =
@@ -62,4 +62,4 @@ T const& get_or(std::tuple<Ps...> const& ps, T const& fallback) {
   else return fallback;
 }
 
-}  // namespace cohort::detail
+}  // namespace cohort::detail::trainer

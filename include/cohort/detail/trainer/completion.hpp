@@ -25,7 +25,7 @@
 #include "cohort/report/protocol.hpp"
 #include "cohort/result.hpp"
 
-namespace cohort::detail {
+namespace cohort::detail::trainer {
 
 /// How the functor's call ended on this rank: its value, or the failure it is held with until
 /// every rank has finished (`secondary`: another rank failed, and its error is the one
@@ -125,4 +125,4 @@ R fail_run(R out, std::string const& message, int rank) {
   return out;
 }
 
-}  // namespace cohort::detail
+}  // namespace cohort::detail::trainer
