@@ -5,10 +5,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <sstream>
 #include <string>
+
+#include <cohort/run_config.hpp>
 
 namespace cohort_test {
 
@@ -32,6 +35,19 @@ inline std::filesystem::path scratch(std::string const& what) {
   if (world_rank() == 0) std::filesystem::remove_all(p);
   MPI_Barrier(MPI_COMM_WORLD);
   return p;
+}
+
+/// A run in a fresh scratch directory (`what`) that prints nothing, with a 30 s abort deadline.
+inline cohort::run_config quiet(std::string const& what) {
+  return {.name = "run", .storage_path = scratch(what).string(), .verbose = 0, .abort_timeout_ms = 30'000};
+}
+
+/// A file's contents, byte for byte.
+inline std::string slurp(std::filesystem::path const& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 /// Captures what is written to std::cerr while it lives (the stream's buffer swapped).

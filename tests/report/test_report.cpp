@@ -17,12 +17,7 @@
 #include "../support.hpp"
 
 namespace {
-std::string slurp(std::filesystem::path const& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using cohort_test::slurp;
 }  // namespace
 
 TEST_CASE("nested metrics flatten into a/b columns", "[report][pure]") {

@@ -14,12 +14,7 @@
 
 namespace {
 
-std::string slurp(std::filesystem::path const& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using cohort_test::slurp;
 
 std::string hex(std::string_view bytes) {
   static char const digits[] = "0123456789abcdef";

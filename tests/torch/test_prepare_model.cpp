@@ -18,9 +18,7 @@ struct mlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(mlp);
 
-cohort::run_config quiet(std::string const& what) {
-  return {.name = "run", .storage_path = cohort_test::scratch(what).string(), .verbose = 0, .abort_timeout_ms = 30'000};
-}
+using cohort_test::quiet;
 
 /// Samples of step s: rows [s*B, (s+1)*B) of a fixed data set, B = the global batch.
 torch::Tensor inputs(std::int64_t rows) {

@@ -24,7 +24,7 @@ namespace {
 using cohort_test::world_rank;
 using cohort_test::world_size;
 
-std::size_t lines_of(std::filesystem::path const& p) {
+std::size_t line_count(std::filesystem::path const& p) {
   std::ifstream in(p);
   std::size_t n = 0;
   for (std::string line; std::getline(in, line);) ++n;
@@ -103,7 +103,7 @@ TEST_CASE("a grid search runs every trial once, spread over the groups", "[tunin
   CHECK(best.config.at("y") == 1.0);
   if (world_rank() == 0) {
     auto exp = storage / "grid";
-    CHECK(lines_of(exp / "trials.csv") == 19);
+    CHECK(line_count(exp / "trials.csv") == 19);
     std::ifstream html(exp / "report.html");
     std::string const page{std::istreambuf_iterator<char>(html), std::istreambuf_iterator<char>()};
     auto count = [&](std::string const& what) {
@@ -120,7 +120,7 @@ TEST_CASE("a grid search runs every trial once, spread over the groups", "[tunin
     CHECK(page.find("aria-label=\"parallel coordinates\"") != std::string::npos);
     CHECK(page.find("aria-label=\"score\"") != std::string::npos);
     CHECK(std::filesystem::exists(exp / "experiment_state.json"));
-    CHECK(lines_of(exp / "trial_00017" / "result.json") == 3);
+    CHECK(line_count(exp / "trial_00017" / "result.json") == 3);
     CHECK(std::filesystem::exists(exp / "trial_00017" / "params.json"));
   }
 }
@@ -146,7 +146,7 @@ TEST_CASE("a functor's returned JSON object is its trial's final result, as in R
   }
   // The searcher ranks by the returned score (the reported -100 would tie every trial).
   CHECK(grid.best_result().config.at("x") == 2.0);
-  if (world_rank() == 0) CHECK(lines_of(storage / "returned" / grid.best_result().id / "result.json") == 2);
+  if (world_rank() == 0) CHECK(line_count(storage / "returned" / grid.best_result().id / "result.json") == 2);
 }
 
 TEST_CASE("ranks_per_trial splits the world into groups that each run one trial at a time", "[tuning][mpi]") {
@@ -442,7 +442,7 @@ struct flaky {
     int start = 0;
     if (ctx.checkpoint()) std::ifstream(ctx.checkpoint()->path() / "step") >> start;
     auto const attempts_file = log / ("attempts_" + std::to_string(x));
-    auto const attempt = lines_of(attempts_file) + 1;
+    auto const attempt = line_count(attempts_file) + 1;
     std::ofstream(attempts_file, std::ios::app) << start << "\n";
     for (int i = start + 1; i <= 5; ++i) {
       if (i % 2 == 0)

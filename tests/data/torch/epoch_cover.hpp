@@ -6,13 +6,23 @@
 #include <cstddef>
 #include <cstdint>
 #include <set>
+#include <vector>
 
 #include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <cohort/data/torch/data_loader.hpp>
 
 #include "../../catch.hpp"
 #include "../../support.hpp"
 
 namespace cohort_test {
+
+/// The sample ids of a batch (its targets).
+inline std::vector<std::int64_t> ids_of(cohort::batch const& b) {
+  auto t = b.targets.contiguous();
+  return {t.data_ptr<std::int64_t>(), t.data_ptr<std::int64_t>() + t.numel()};
+}
 
 /// The distinct sample ids every rank saw in the epoch, after checking that each rank returned
 /// one value (a loop over none would check nothing) and that all ranks ran as many batches.

@@ -28,14 +28,9 @@ cohort::sharding::rank_shard shuffled_shard(int world, int rank, std::uint64_t s
                                       world, rank};
 }
 
-std::vector<std::int64_t> ids_of(cohort::batch const& b) {
-  auto t = b.targets.contiguous();
-  return {t.data_ptr<std::int64_t>(), t.data_ptr<std::int64_t>() + t.numel()};
-}
+using cohort_test::ids_of;
 
-cohort::run_config quiet(std::string const& what) {
-  return {.name = "run", .storage_path = cohort_test::scratch(what).string(), .verbose = 0, .abort_timeout_ms = 30'000};
-}
+using cohort_test::quiet;
 
 struct squares : torch::data::datasets::Dataset<squares> {
   torch::data::Example<> get(std::size_t i) override {

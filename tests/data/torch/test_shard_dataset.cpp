@@ -60,10 +60,7 @@ cohort::data_loader<cohort::stream_dataset> loader_of(cohort::shard_dataset cons
   return {stream, cohort::sharding::rank_shard{dealing.first, world, rank}, options, {}, dealing.second};
 }
 
-std::vector<std::int64_t> ids_of(cohort::batch const& b) {
-  auto t = b.targets.contiguous();
-  return {t.data_ptr<std::int64_t>(), t.data_ptr<std::int64_t>() + t.numel()};
-}
+using cohort_test::ids_of;
 
 /// The ids handed out over `epochs` epochs (or until `stop_after` batches), in order.
 std::vector<std::int64_t> run(cohort::data_loader<cohort::stream_dataset>& l, int epochs, std::int64_t stop_after = -1) {
