@@ -1,20 +1,15 @@
 // The main of every test executable: MPI up, Catch2's session on every rank, and a failure on
 // any rank fails the run on every rank. Ranks other than 0 report only failures. A test spec that
-// matches no test fails the run (fail_on_unmatched_test_spec). It includes no cohort header:
-// cohort::environment is started by test_environment.cpp, so that the sanitizer trees can compile
-// this file, and Catch2 v2's implementation with it, uninstrumented.
+// matches no test fails the run (fail_on_unmatched_test_spec).
 #define CATCH_CONFIG_RUNNER
 #include "catch.hpp"
 
+#include <cohort/environment.hpp>
+
 #include <mpi.h>
 
-#include <cstdio>
-#include <memory>
-
-std::shared_ptr<void> start_test_environment(int& argc, char**& argv);
-
 int main(int argc, char** argv) {
-  auto const env = start_test_environment(argc, argv);  // as a user's main does: MPI, the ranks' cores
+  cohort::environment env{argc, argv};  // as a user's main does: MPI, the ranks' cores
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   Catch::Session session;
