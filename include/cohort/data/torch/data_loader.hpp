@@ -46,7 +46,7 @@ class data_loader {
   /// a state saved at another world size or batch size resumes elastically (restore()).
   data_loader(Source source, sharding::rank_shard shard, loader_options options, cohort::device dev = {},
               std::uint64_t seed = 0)
-      : source_(std::move(source)), shard_(std::move(shard)), options_(options), device_(dev) {
+      : source_(std::move(source)), shard_(std::move(shard)), options_(options), device_(dev), torch_device_(dev.str()) {
     state_.seed = seed;
     state_.world_size = state_.epoch_world_size = shard_.world_size;
     state_.batch_size = options_.batch_size;
@@ -178,6 +178,7 @@ class data_loader {
   mutable std::vector<std::size_t> redealt_;
   loader_options options_;
   cohort::device device_;
+  ::torch::Device torch_device_;  // device_ for LibTorch, made once
   loader_state state_;
   stats_type stats_;
 };
@@ -271,7 +272,7 @@ class data_loader<Source>::epoch_range {
     // The rank's GPU current on this thread too: pinning memory here otherwise makes a CUDA
     // context on GPU 0, one per rank of a node.
     std::optional<c10::DeviceGuard> on_device;
-    if (loader_->device_.kind == device_kind::cuda) on_device.emplace(::torch::Device(loader_->device_.str()));
+    if (loader_->device_.kind == device_kind::cuda) on_device.emplace(loader_->torch_device_);
     for (;;) {
       std::int64_t b = 0;
       made_batch out;
@@ -335,8 +336,8 @@ class data_loader<Source>::epoch_range {
     l.stats_.skipped_samples += current_->skipped_samples;
     l.stats_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (l.device_.kind == device_kind::cuda) {
-      current_->inputs = current_->inputs.to(::torch::Device(l.device_.str()), /*non_blocking=*/true);
-      current_->targets = current_->targets.to(::torch::Device(l.device_.str()), /*non_blocking=*/true);
+      current_->inputs = current_->inputs.to(l.torch_device_, /*non_blocking=*/true);
+      current_->targets = current_->targets.to(l.torch_device_, /*non_blocking=*/true);
     }
   }
 
