@@ -35,9 +35,9 @@ struct interconnect {
 struct cluster {
   /// GPUs per node (8 on an HGX/DGX H100).
   int gpus_per_node = 8;
-  /// Within a node: NVLink 4 through NVSwitch. 370 GB/s is the all-reduce bus bandwidth nccl-tests
-  /// reports for 8 H100s (docs/scaling-model.md); the latencies are NCCL's tuning table (src/graph/tuning.cc, LL128:
-  /// ring 1.9 µs per step, tree 1.25 µs per hop).
+  /// Within a node: NVLink 4 through NVSwitch. 370 GB/s is the all-reduce bus bandwidth
+  /// nccl-tests reports for 8 H100s (docs/scaling-model.md); the latencies are NCCL's tuning
+  /// table (src/graph/tuning.cc, LL128: ring 1.9 µs per step, tree 1.25 µs per hop).
   interconnect intra_node{.alpha_us = 1.9, .tree_alpha_us = 1.25, .bus_bandwidth_gbytes_per_s = 370};
   /// Across nodes, per GPU: 400 Gb/s InfiniBand NDR is 50 GB/s of line rate; 45 GB/s assumes NCCL
   /// reaches 90% of it. Latencies from NCCL's tuning table (network, LL128: ring 4.0, tree 8.5 µs).
