@@ -8,6 +8,8 @@
 // loader prepares ahead on its thread; 0: none, on the training thread) --storage DIR --plain
 // --model cnn|mlp (mlp: 784->2048->2048->10 with ReLUs, 5.8 M parameters, 23 MB of gradients per
 // step against the CNN's 1.7 MB: where the all-reduce, not the computation, sets the pace)
+// --reduce-on automatic|thread|training (model_options::reduce_on: cohort::reduce_on::automatic,
+// communication_thread or training_thread)
 #include <cohort/cohort.hpp>
 #include <torch/version.h>
 
@@ -30,6 +32,7 @@ struct settings {
   std::string storage = "compare_runs";
   bool plain = false;
   std::string model = "cnn";
+  cohort::reduce_on reduce_on = cohort::reduce_on::automatic;
 };
 
 /// The communication-bound model: 784 -> 2048 -> 2048 -> 10, ReLUs (bench/compare/train_torch.py's MLP).
@@ -102,7 +105,7 @@ int distributed(settings const& s, cohort::tensor_dataset const& train, cohort::
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   auto fn = [&](cohort::context& ctx) {
     torch::manual_seed(0);
-    auto model = ctx.prepare_model(Net());
+    auto model = ctx.prepare_model(Net(), {.reduce_on = s.reduce_on});
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     auto& loader = ctx.dataset_shard("train", {.batch_size = s.batch, .prefetch_batches = s.prefetch});
     step_clock clock{.warmup = s.warmup_steps};
@@ -150,9 +153,13 @@ int main(int argc, char** argv) {
     else if (flag == "--storage") s.storage = value;
     else if (flag == "--prefetch") s.prefetch = std::stoul(value);
     else if (flag == "--model" && (value == "cnn" || value == "mlp")) s.model = value;
+    else if (flag == "--reduce-on" && value == "automatic") s.reduce_on = cohort::reduce_on::automatic;
+    else if (flag == "--reduce-on" && value == "thread") s.reduce_on = cohort::reduce_on::communication_thread;
+    else if (flag == "--reduce-on" && value == "training") s.reduce_on = cohort::reduce_on::training_thread;
     else {
       std::cerr << "error: unknown flag " << flag << " " << value
-                << ": use --data, --epochs, --max-train, --batch, --warmup-steps, --prefetch, --storage, --model cnn|mlp or --plain\n";
+                << ": use --data, --epochs, --max-train, --batch, --warmup-steps, --prefetch, --storage, --model cnn|mlp,\n"
+                   "--reduce-on automatic|thread|training or --plain\n";
       return 2;
     }
   }
