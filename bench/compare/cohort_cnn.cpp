@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
     else if (flag == "--reduce-on" && value == "training") s.reduce_on = cohort::reduce_on::training_thread;
     else {
       std::cerr << "error: unknown flag " << flag << " " << value
-                << ": use --data, --epochs, --max-train, --batch, --warmup-steps, --prefetch, --storage, --model cnn|mlp,\n"
+                << ": use --data, --epochs, --max-train, --batch, --warmup-steps, --prefetch, --storage, --model cnn|mlp, "
                    "--reduce-on automatic|thread|training or --plain\n";
       return 2;
     }
