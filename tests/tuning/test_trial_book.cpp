@@ -100,7 +100,7 @@ TEST_CASE("the book's state, read back by a new book, resumes running trials fir
     book.on_complete(complete("trial_00000"));
     CHECK(id_of(book.assignment()) == "trial_00001");  // running when the job stops
     CHECK(book.dirty());
-    saved = book.state().dump();
+    saved = book.state().text();
     CHECK_FALSE(book.dirty());
   }
   std::ofstream(dir / "experiment_state.json") << saved;
@@ -134,6 +134,44 @@ TEST_CASE("the book's state, read back by a new book, resumes running trials fir
   CHECK(trials[2].metrics.at("score") == 6);
 }
 
+TEST_CASE("the book's state follows every change to a trial, each unchanged trial's part kept from the last one", "[tuning][pure]") {
+  // Catches: a trial's part of experiment_state.json or trials.csv kept from an earlier state
+  // after the trial changed (a result, its end, a retry), so that a resume or a reader of
+  // trials.csv sees it as it was; the state's text not the JSON of the whole state.
+  auto const dir = fresh("book_state_parts");
+  grid_book<> book({}, {}, {}, {.metric = "score", .max_failures = 1}, dir, 2);
+  book.start(three);
+  auto trial = [](auto const& parts, std::size_t i) { return json::parse(parts.text()).at("trials").at(i); };
+  CHECK(id_of(book.assignment()) == "trial_00000");
+  CHECK(id_of(book.assignment()) == "trial_00001");
+  auto first = book.state();
+  REQUIRE(first.trials.states.size() == 2);
+  CHECK(trial(first, 0).at("status") == "RUNNING");
+  CHECK(trial(first, 0).at("last") == json::object());
+  book.on_result(result("trial_00000", 4.0));
+  auto second = book.state();
+  CHECK(trial(second, 0).at("last").at("score") == 4.0);
+  CHECK(second.trials.rows[0]->last.at("score") == 4.0);
+  CHECK(second.trials.states[1] == first.trials.states[1]);  // trial_00001 unchanged: the same part
+  book.on_complete(complete("trial_00000"));
+  book.on_complete(complete("trial_00001", "error"));  // retried once (max_failures = 1)
+  auto third = book.state();
+  CHECK(trial(third, 0).at("status") == "TERMINATED");
+  CHECK(third.trials.rows[0]->status == "TERMINATED");
+  CHECK(trial(third, 1).at("status") == "PENDING");
+  CHECK(trial(third, 1).at("failures") == 1);
+  CHECK(third.trials.rows[1]->failures == 1);
+  // The text is the whole state's JSON: every field, the trials as the roster has them now.
+  auto const whole = json::parse(third.text());
+  CHECK(whole.at("next_trial") == 2);
+  CHECK(whole.at("searcher_exhausted") == false);
+  CHECK(whole.contains("searcher"));
+  CHECK(whole.contains("scheduler"));
+  auto const csv = cohort::report::trials_csv(third.trials.rows);
+  CHECK(csv.find("trial_00000,TERMINATED") != std::string::npos);
+  CHECK(csv.find("trial_00001,PENDING") != std::string::npos);
+}
+
 TEST_CASE("an unlisted trial directory of another config than the one suggested again is set aside", "[tuning][pure]") {
   // Catches: resuming a trial from a checkpoint of another config (the searcher's state was
   // restored to the last write; what it suggests again for the id need not be what ran there).
@@ -142,7 +180,7 @@ TEST_CASE("an unlisted trial directory of another config than the one suggested 
   {
     grid_book<> book({}, {}, {}, {.metric = "score"}, dir, 1);
     book.start(three);
-    saved = book.state().dump();  // nothing suggested yet
+    saved = book.state().text();  // nothing suggested yet
   }
   std::ofstream(dir / "experiment_state.json") << saved;
   std::filesystem::create_directories(dir / "trial_00000" / "checkpoint_000001");

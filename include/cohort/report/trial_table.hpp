@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -172,14 +173,21 @@ struct trial_cells {
   std::vector<std::map<std::string, std::string>> rows;
 };
 
-/// The cells of `trials` (see trial_cells).
-inline trial_cells cells_of(std::vector<trial_row> const& trials) {
+namespace detail {
+inline trial_row const& row_ref(trial_row const& r) { return r; }
+inline trial_row const& row_ref(std::shared_ptr<trial_row const> const& r) { return *r; }
+}  // namespace detail
+
+/// The cells of `trials`, trial_rows or shared pointers to them (see trial_cells).
+template <class Rows>
+trial_cells cells_of(Rows const& trials) {
   trial_cells out;
   auto add = [&](std::map<std::string, std::string>& row, std::string const& k, std::string v) {
     if (std::find(out.columns.begin(), out.columns.end(), k) == out.columns.end()) out.columns.push_back(k);
     row[k] = std::move(v);
   };
-  for (auto const& t : trials) {
+  for (auto const& each : trials) {
+    trial_row const& t = detail::row_ref(each);
     std::map<std::string, std::string> row{{"trial_id", t.id}, {"status", t.status}};
     for (auto const& [k, v] : flatten(t.last)) add(row, k, detail::cell(v));
     for (auto const& [k, v] : flatten(t.config)) add(row, "config/" + k, detail::cell(v));
@@ -193,7 +201,8 @@ inline trial_cells cells_of(std::vector<trial_row> const& trials) {
 
 /// The experiment-level CSV (Ray's ResultGrid.get_dataframe()): cells_of(trials), a header line
 /// and a line per trial.
-inline std::string trials_csv(std::vector<trial_row> const& trials) {
+template <class Rows>
+std::string trials_csv(Rows const& trials) {
   auto const cells = cells_of(trials);
   std::string out;
   for (std::size_t i = 0; i < cells.columns.size(); ++i) {

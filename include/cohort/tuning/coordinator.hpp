@@ -123,7 +123,12 @@ class coordinator {
     lock.unlock();
     // report.html on the writer's thread, beside the state here: for many trials each is a few
     // hundred milliseconds that rank 0's fit() waits for (bench_tune trials/N).
-    writer_.start([&] { write_report(state.rows, histories, html); });
+    writer_.start([&] {
+      std::vector<report::trial_row> rows;
+      rows.reserve(state.state.trials.rows.size());
+      for (auto const& r : state.state.trials.rows) rows.push_back(*r);
+      write_report(rows, histories, html);
+    });
     write_state(state);
     writer_.wait();
     if (verbose_ > 0) std::cout << last_table << std::flush;
@@ -315,23 +320,23 @@ class coordinator {
   }
 
   /// What experiment_state.json and trials.csv are written from, taken under the mutex (which
-  /// the groups wait for); written without it (write_state).
+  /// the groups wait for: only the trials changed since the last one are made again); written
+  /// without it (write_state).
   struct state_snapshot {
     std::chrono::steady_clock::time_point taken{};
-    nlohmann::json state;
-    std::vector<report::trial_row> rows;
+    typename trial_book<Searcher, Scheduler, Stoppers>::state_parts state;
   };
   state_snapshot snapshot() {
     last_state_ = std::chrono::steady_clock::now();
-    return {.taken = last_state_, .state = book_.state(), .rows = book_.rows()};
+    return {.taken = last_state_, .state = book_.state()};
   }
 
   /// Rewrites experiment_state.json and trials.csv from `s`; how long that took since `s` was
   /// taken sets the next periodic rewrite (state_due).
   void write_state(state_snapshot const& s) {
     try {
-      report::write_file_atomic(exp_ / "experiment_state.json", s.state.dump() + "\n");
-      report::write_file_atomic(exp_ / "trials.csv", report::trials_csv(s.rows));
+      report::write_file_atomic(exp_ / "experiment_state.json", s.state.text() + "\n");
+      report::write_file_atomic(exp_ / "trials.csv", report::trials_csv(s.state.trials.rows));
     } catch (std::exception const& e) {
       std::cerr << ("[cohort] warning: " + std::string(e.what()) + "\n") << std::flush;
     }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -49,6 +50,24 @@ struct trial_state {
 inline void to_json(nlohmann::json& j, trial_state const& t) {
   j = {{"id", t.id}, {"status", t.status}, {"config", t.config}, {"last", t.last()},
        {"restore_from", t.restore_from}, {"error", t.error}, {"failures", t.failures}};
+}
+
+/// experiment_state.json's text: `head` (every field but "trials") with "trials" the list of
+/// `trials`, each a trial's to_json() as JSON text. The same text as the whole object's dump():
+/// "trials" sorts last among its keys.
+inline std::string experiment_state_text(nlohmann::json const& head, std::vector<std::shared_ptr<std::string const>> const& trials) {
+  std::string out = head.dump();
+  std::size_t bytes = out.size() + 16;
+  for (auto const& t : trials) bytes += t->size() + 1;
+  out.reserve(bytes);
+  out.pop_back();  // the closing brace
+  out += out.size() > 1 ? ",\"trials\":[" : "\"trials\":[";
+  for (std::size_t i = 0; i < trials.size(); ++i) {
+    if (i) out += ',';
+    out += *trials[i];
+  }
+  out += "]}";
+  return out;
 }
 
 /// experiment_state.json: what the coordinator wrote at its last state write.

@@ -273,11 +273,20 @@ class trial_book {
   /// each trial's results, evenly spaced.
   std::vector<std::vector<nlohmann::json>> histories(std::size_t most) const { return roster_.histories(most); }
 
-  /// experiment_state.json's contents (parse_experiment_state reads them back); clears dirty().
-  nlohmann::json state() {
+  /// experiment_state.json (parse_experiment_state reads it back) and trials.csv's rows, as the
+  /// book is now: `head` every field but "trials", the trials' parts shared with the last state()
+  /// where a trial has not changed since (trial_roster::view). Clears dirty().
+  struct state_parts {
+    nlohmann::json head;
+    trial_roster::view trials;
+    /// experiment_state.json's text.
+    std::string text() const { return experiment_state_text(head, trials.states); }
+  };
+  state_parts state() {
     dirty_ = false;
-    return {{"trials", roster_.to_json()}, {"searcher", source_.searcher().save_state()}, {"scheduler", scheduler_.save_state()},
-            {"next_trial", source_.next()}, {"searcher_exhausted", source_.exhausted()}};
+    return {.head = {{"searcher", source_.searcher().save_state()}, {"scheduler", scheduler_.save_state()},
+                     {"next_trial", source_.next()}, {"searcher_exhausted", source_.exhausted()}},
+            .trials = roster_.take_view()};
   }
 
   /// At the end: every trial, in creation order, their histories moved out of the book.
