@@ -22,7 +22,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "mpi_bench.hpp"
 
@@ -99,13 +101,30 @@ void reproducible(benchmark::State& state) {
 
 /// scale/N: N trials of one report after 50 ms (--smoke: 5 ms), ranks_per_trial 1: the wall time
 /// against the ideal, N x 50 ms / groups (Ray's scalability page: 10,000 one-second trials on 16
-/// CPUs, 715 s against 625 s ideal, 14% over). Reported as overhead_pct.
+/// CPUs, 715 s against 625 s ideal, 14% over). Reported as overhead_pct; and where it goes, as
+/// medians over a group's trials, the larger of the two groups' (less noisy than the wall time):
+/// between_us from a trial's return to the group's next trial's start (the tuner's work between
+/// trials), report_us the report, sleep_over_us the 50 ms sleep's overshoot.
 void scale(benchmark::State& state) {
   auto const n = static_cast<std::size_t>(state.range(0));
   auto const trial_ms = cohort_bench::full_or_smoke(50, 5);
-  auto fn = [trial_ms](cohort::context& ctx, nlohmann::json const& config) {
+  using clock = std::chrono::steady_clock;
+  std::vector<double> between_us, report_us, sleep_over_us;
+  std::optional<clock::time_point> returned;
+  auto fn = [&, trial_ms](cohort::context& ctx, nlohmann::json const& config) {
+    auto const entered = clock::now();
+    if (returned) between_us.push_back(std::chrono::duration<double, std::micro>(entered - *returned).count());
     std::this_thread::sleep_for(std::chrono::milliseconds(trial_ms));
+    auto const slept = clock::now();
+    sleep_over_us.push_back(std::chrono::duration<double, std::micro>(slept - entered).count() - 1e3 * trial_ms);
     ctx.report({{"score", config.at("x")}});
+    returned = clock::now();
+    report_us.push_back(std::chrono::duration<double, std::micro>(*returned - slept).count());
+  };
+  auto slowest_median = [](std::vector<double> const& v) {
+    double m = cohort_bench::median(v);
+    MPI_Allreduce(MPI_IN_PLACE, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return m;
   };
   int groups = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &groups);
@@ -120,6 +139,11 @@ void scale(benchmark::State& state) {
     double const ideal = static_cast<double>(n) * static_cast<double>(trial_ms) / 1e3 / groups;
     state.counters["ideal_s"] = ideal;
     state.counters["overhead_pct"] = 100 * (s / ideal - 1);
+    state.counters["between_us"] = slowest_median(between_us);
+    state.counters["report_us"] = slowest_median(report_us);
+    state.counters["sleep_over_us"] = slowest_median(sleep_over_us);
+    between_us.clear(), report_us.clear(), sleep_over_us.clear();
+    returned.reset();
   }
 }
 

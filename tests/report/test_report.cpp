@@ -1,6 +1,7 @@
 #include <cohort/report/console.hpp>
 #include <cohort/report/flatten.hpp>
 #include <cohort/report/html_report.hpp>
+#include <cohort/report/recorder.hpp>
 #include <cohort/report/run_directory.hpp>
 #include <cohort/report/trial_table.hpp>
 
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 #include "../catch.hpp"
 #include "../support.hpp"
@@ -71,6 +73,86 @@ TEST_CASE("a params.json cut short by a crash is written again by the rerun", "[
   cohort::report::run_directory deep(root / "a" / "b" / "run", {{"lr", 0.2}});
   CHECK(deep.fresh());
   CHECK(nlohmann::json::parse(slurp(root / "a" / "b" / "run" / "params.json"))["lr"] == 0.2);
+}
+
+TEST_CASE("a tuner's trials write their files beside training only when a trial is long enough to hide the hand-over", "[report][pure]") {
+  using namespace std::chrono_literals;
+  CHECK_FALSE(cohort::report::files_beside_training(0us));
+  CHECK_FALSE(cohort::report::files_beside_training(9999us));
+  CHECK(cohort::report::files_beside_training(10ms));
+  CHECK(cohort::report::files_beside_training(2s));
+}
+
+TEST_CASE("a file_writer runs a short run's jobs on the caller's thread and a long one's on its own, keeping the first failure for settle()", "[report]") {
+  using namespace std::chrono_literals;
+  cohort::report::file_writer files;
+  auto const caller = std::this_thread::get_id();
+  std::vector<std::thread::id> ran;
+  REQUIRE_FALSE(files.beside_training());  // nothing known yet: on the caller's thread
+  files.start([&] { ran.push_back(std::this_thread::get_id()); });
+  REQUIRE(ran.size() == 1);  // already run
+  CHECK(ran[0] == caller);
+  std::this_thread::sleep_for(12ms);  // a run of 12 ms: the next one's files beside it
+  CHECK_FALSE(files.settle());
+  REQUIRE(files.beside_training());
+  files.start([&] { ran.push_back(std::this_thread::get_id()); });
+  files.start([&] { files.fail("could not append to result.json: check free space"); });
+  files.start([&] { files.fail("a later failure"); });
+  auto const failure = files.settle();  // waits for all three
+  REQUIRE(ran.size() == 2);
+  CHECK(ran[1] != caller);
+  REQUIRE(failure);
+  CHECK(*failure == "could not append to result.json: check free space");  // the first one
+  CHECK_FALSE(files.failure());  // taken
+  files.begin_run();  // a run that starts no job (a resumed trial writing inline) is timed from its start
+  std::this_thread::sleep_for(12ms);
+  CHECK_FALSE(files.settle());
+  CHECK(files.beside_training());
+}
+
+TEST_CASE("a recorder with a file_writer writes the run directory's files on it, all there once settled, and throws its failure at the next report", "[report]") {
+  using namespace std::chrono_literals;
+  auto root = cohort_test::scratch("recorder_files") / std::to_string(cohort_test::world_rank());
+  std::filesystem::remove_all(root);
+  cohort::report::file_writer files;
+  files.start([] { std::this_thread::sleep_for(12ms); });  // an earlier run long enough: beside training
+  REQUIRE_FALSE(files.settle());
+  REQUIRE(files.beside_training());
+  cohort::detail::background_worker worker{"test-writer"};
+  {
+    cohort::report::recorder rows(worker);
+    rows.open(root / "run", {{"lr", 0.1}}, "run", {.tensorboard = true, .files = &files});
+    CHECK(std::filesystem::is_directory(root / "run"));  // made here: checkpoints may be committed into it
+    CHECK(rows.fresh());
+    rows.record(rows.row_of({{"loss", 1.0}}));
+    rows.record(rows.row_of({{"loss", 0.5}}), nullptr, /*durable=*/true);  // a checkpoint's row: written when it returns
+    CHECK(slurp(root / "run" / "result.json").find("\"loss\":0.5") != std::string::npos);
+    files.start([] { std::this_thread::sleep_for(30ms); });  // the writer busy: the last row waits behind this
+    rows.record(rows.row_of({{"loss", 0.25}}));  // handed over, or left for ~recorder to hand over
+    CHECK(rows.history().size() == 3);
+  }
+  // a rerun of the run (a trial's retry), before the writer is settled: it reads back every row
+  // after the writer's earlier jobs
+  {
+    cohort::report::recorder rows(worker);
+    rows.open(root / "run", {{"lr", 0.1}}, "run", {.files = &files});
+    CHECK_FALSE(rows.fresh());
+    rows.resume_at(3);
+    CHECK(rows.history().size() == 3);
+    files.fail("could not append to result.json: check free space");  // as a job would
+    CHECK_THROWS_WITH(rows.record(rows.row_of({{"loss", 0.1}})), "could not append to result.json: check free space");
+  }
+  CHECK(files.settle() == std::optional<std::string>("could not append to result.json: check free space"));
+  CHECK(nlohmann::json::parse(slurp(root / "run" / "params.json"))["lr"] == 0.1);
+  std::istringstream lines(slurp(root / "run" / "result.json"));
+  std::vector<double> losses;
+  for (std::string line; std::getline(lines, line);) losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  CHECK(losses == std::vector<double>{1.0, 0.5, 0.25});
+  CHECK(slurp(root / "run" / "progress.csv").find("\n0.25,") != std::string::npos);
+  std::size_t events = 0;
+  for (auto const& e : std::filesystem::directory_iterator(root / "run"))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) ++events;
+  CHECK(events == 1);
 }
 
 TEST_CASE("the progress line shows the iteration, time and metrics", "[report][pure]") {

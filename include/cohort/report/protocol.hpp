@@ -54,6 +54,8 @@ struct listener {
   std::function<nlohmann::json(nlohmann::json const& row)> decide{};
   /// Keys added to every row (the trial's attempt count, num_failures).
   nlohmann::json row_keys = nlohmann::json::object();
+  /// Where rank 0 writes the trial's files (recorder_options::files): the group's file_writer.
+  file_writer* files = nullptr;
   /// Whether a tuner runs this fit as a trial.
   explicit operator bool() const { return static_cast<bool>(decide); }
 };
@@ -100,6 +102,8 @@ class protocol {
   bool under_tuner() const { return static_cast<bool>(listener_); }
   /// Keys the tuner adds to every row of a trial (recorder_options::row_keys).
   nlohmann::json const& row_keys() const { return listener_.row_keys; }
+  /// Where a tuner's trial writes its files (recorder_options::files); null outside a tuner.
+  file_writer* files() const { return listener_.files; }
   /// The rank's background worker: progress lines and async checkpoint writes.
   cohort::detail::background_worker& worker() { return worker_; }
 
@@ -227,7 +231,7 @@ class protocol {
     if (rank() == 0) {
       bool recorded = false;
       try {
-        rows_.record(row);
+        rows_.record(row, nullptr, /*durable=*/true);
         recorded = true;
         commit_now(iteration, row, validate, &payload);
       } catch (std::exception const& e) {
@@ -264,7 +268,7 @@ class protocol {
     recorder::output output;
     std::exception_ptr record_error;
     try {
-      rows_.record(std::move(row), &output);
+      rows_.record(std::move(row), &output, /*durable=*/true);
     } catch (...) {
       record_error = std::current_exception();
     }

@@ -3,13 +3,17 @@
 /// report::recorder: the rows of one fit()'s reports on one rank. Every rank counts its reports
 /// (fit() checks that all reported equally often); rank 0 also writes them to the run directory
 /// (result.json, progress.csv), prints its progress line and appends its TensorBoard events, the
-/// last two on the rank's background worker.
+/// last two on the rank's background worker. Under a tuner, a trial's files are written on the
+/// group's file_writer instead, one long-lived thread for all its trials.
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <ctime>
 #include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -25,6 +29,72 @@
 
 namespace cohort::report {
 
+/// Pure: whether a tuner's next trial writes its files on the file_writer's thread, given how long
+/// the group's last trial took (from opening its run directory to its end). Handing the files over lets a
+/// trial that waits (on a timer, on data, on another rank) write them meanwhile; each hand-over
+/// costs a thread's wake-up, which on two busy cores cost trials of 0.1-0.2 ms about a quarter
+/// more time (`bench_tune`, trials/10000: docs/benchmarks.md), and less than 1% of a trial from
+/// 10 ms.
+inline bool files_beside_training(std::chrono::steady_clock::duration last_trial) {
+  return last_trial >= std::chrono::milliseconds(10);
+}
+
+/// Where the files of runs are written, one run after another (a tuner's trials on one group's
+/// rank 0): the run directory's params.json, result.json and progress.csv, and its TensorBoard
+/// events. For trials long enough (files_beside_training), on one long-lived thread: the training
+/// thread hands each report's row over and goes on, so a trial's setup, reports and end do not
+/// wait for the disk; for short ones, on the caller's thread as the jobs are started. A failure
+/// is kept (the first since the last settle()) and taken by settle(), which the tuner calls after
+/// each trial: a trial ends once its files are written, or fails with the cause.
+class file_writer {
+ public:
+  file_writer() = default;
+  file_writer(file_writer const&) = delete;
+  file_writer& operator=(file_writer const&) = delete;
+
+  /// A run begins (its run directory opened): settle() times the run from here.
+  void begin_run() {
+    if (!run_began_) run_began_ = std::chrono::steady_clock::now();
+  }
+  /// Runs `job` after the jobs started before it (on the thread, or here); `job` reports its
+  /// failure with fail() and must not throw.
+  void start(std::function<void()> job) {
+    begin_run();
+    if (beside_) worker_.start(std::move(job));
+    else job();
+  }
+  /// Blocks until every started job has returned.
+  void wait() { worker_.wait(); }
+  /// From a job: `why` fails the run being written (only the first failure is kept).
+  void fail(std::string why) {
+    std::lock_guard lock(mutex_);
+    if (!error_) error_ = std::move(why);
+  }
+  /// The failure kept, if any, without waiting (the training thread, at each report).
+  std::optional<std::string> failure() const {
+    std::lock_guard lock(mutex_);
+    return error_;
+  }
+  /// After a run: waits for every job, chooses where the next run's files are written
+  /// (files_beside_training), and returns the failure kept since the last settle(), forgetting it.
+  std::optional<std::string> settle() {
+    worker_.wait();
+    if (run_began_) beside_ = files_beside_training(std::chrono::steady_clock::now() - *run_began_);
+    run_began_.reset();
+    std::lock_guard lock(mutex_);
+    return std::exchange(error_, std::nullopt);
+  }
+  /// Whether jobs run on the thread now (else on the caller's).
+  bool beside_training() const { return beside_; }
+
+ private:
+  mutable std::mutex mutex_;
+  std::optional<std::string> error_;
+  std::optional<std::chrono::steady_clock::time_point> run_began_;  ///< of the run being written
+  bool beside_ = false;  ///< the first run's files on the caller's thread: nothing known yet
+  cohort::detail::background_worker worker_{"cohort-files"};
+};
+
 /// What rank 0's recorder writes besides the run directory.
 struct recorder_options {
   bool console = false;        ///< a progress line per report (run_config::verbose > 0)
@@ -34,6 +104,9 @@ struct recorder_options {
   /// Keys added to every row, after the metrics and Ray's auto-filled keys (a tuner's trial: its
   /// attempt count, num_failures).
   nlohmann::json row_keys = nlohmann::json::object();
+  /// Where the run directory's files and events are written (a tuner's group: file_writer);
+  /// null: on the training thread (rows) and the fit's worker (events), as outside a tuner.
+  file_writer* files = nullptr;
 };
 
 /// The rows of one fit()'s reports on one rank; see the file comment. Not thread-safe: the
@@ -53,22 +126,52 @@ class recorder {
   recorder(recorder const&) = delete;
   recorder& operator=(recorder const&) = delete;
 
-  /// Writes the events still waiting (no console): after every job of the worker, so in order.
+  /// Writes the events still waiting (no console): after every job of the worker, so in order;
+  /// with a file_writer, hands them to it (written before its next run's files).
   ~recorder() {
     worker_.wait();
-    if (events_ && !events_pending_.empty()) events_->write(events_pending_);
+    if (files_) {
+      try {
+        hand_over(*files_);
+      } catch (std::exception const& e) {  // no thread for the job: the trial fails with the cause
+        files_->fail(std::string("the trial's last rows were not written: ") + e.what());
+      }
+    } else if (events_ && !events_pending_.empty()) events_->write(events_pending_);
   }
 
   /// Rank 0: opens (or reopens, on resume) the run directory at `path` with the run's `params`,
   /// and the console and events file `options` asks for. Throws cohort::error when the
   /// directory cannot be written.
+  /// With options.files, only the directory is made here; a new run's files are written on the
+  /// file_writer (a rerun's, which are read back, here, after its earlier jobs).
   void open(std::filesystem::path const& path, nlohmann::json const& params, std::string name, recorder_options options) {
     name_ = std::move(name);
     last_row_only_ = options.last_row_only;
     row_keys_ = std::move(options.row_keys);
-    dir_.emplace(path, params);
+    files_ = options.files;
+    if (!files_) {
+      dir_ = std::make_shared<run_directory>(path, params);
+    } else {
+      files_->begin_run();
+      dir_ = std::make_shared<run_directory>(path, run_directory::make(path));
+      if (dir_->fresh()) {
+        files_->start([files = files_, dir = dir_, params]() {
+          try {
+            dir->write_new(params);
+          } catch (std::exception const& e) {
+            files->fail(e.what());
+          } catch (...) {
+            files->fail("could not write the files of run directory " + dir->path().string());
+          }
+        });
+        if (auto failure = files_->failure()) throw cohort::error(*failure);  // written inline: at once
+      } else {
+        files_->wait();
+        dir_->read_existing(params);
+      }
+    }
     if (options.tensorboard) {  // no I/O until the first events
-      events_.emplace(path, dir_->fresh() ? directory_age::just_created : directory_age::existing);
+      events_ = std::make_shared<event_writer>(path, dir_->fresh() ? directory_age::just_created : directory_age::existing);
       if (options.hparams) events_->set_preamble(tfrecord(hparams_session_start_event(wall_time_now_s(), params)));
     }
     if (options.console) console_.emplace(worker_);  // starts the worker's thread
@@ -83,10 +186,10 @@ class recorder {
       if (row.value("training_iteration", std::int64_t{0}) <= count_) history_.push_back(row);
   }
 
-  /// Rank 0 after open(): the run directory.
-  run_directory const& directory() const { return *dir_; }
+  /// Rank 0 after open(): whether open() created the run directory (a new run).
+  bool fresh() const { return dir_->fresh(); }
   /// Whether this rank writes the run's files (rank 0 after open()).
-  bool is_open() const { return dir_.has_value(); }
+  bool is_open() const { return dir_ != nullptr; }
   /// Whether a progress line is printed per report.
   bool has_console() const { return console_.has_value(); }
   /// training_iteration of the last report (continues on resume).
@@ -128,10 +231,15 @@ class recorder {
   /// there for the caller's job on the worker (write). The event is encoded here (less than
   /// copying the row for the worker would cost) and sealed and written on the worker. Without a
   /// console, events wait (events_hand_over_interval); the last ones are written by ~recorder.
-  void record(nlohmann::json row, output* deferred = nullptr) {
+  /// With a file_writer, the row and the events are written on it (a copy of the row), unless
+  /// `durable` (a checkpoint's report: its row is in result.json before the checkpoint is
+  /// committed), when its earlier jobs are waited for and the row is written here; a failure
+  /// the file_writer kept is thrown at the next report.
+  void record(nlohmann::json row, output* deferred = nullptr, bool durable = false) {
     ++count_;
     ++reports_this_attempt_;
     if (!dir_) return;
+    if (files_) return record_on(*files_, std::move(row), deferred, durable);
     auto const flat = flatten(row);  // once, for progress.csv and the progress line
     dir_->append(row, flat);
     output out;
@@ -158,12 +266,70 @@ class recorder {
   }
 
  private:
+  /// record() with a file_writer. Writing beside training, rows and events are handed over
+  /// together (copies of the rows), at once when the last hand-over is rows_hand_over_interval
+  /// old, else in batches (one wake-up, not one per report); ~recorder hands over the rest. Else,
+  /// and when `durable`, they are written here after the jobs started before. The progress line
+  /// still goes to the worker (or `deferred`).
+  void record_on(file_writer& files, nlohmann::json row, output* deferred, bool durable) {
+    if (auto failure = files.failure()) throw cohort::error(*failure);
+    output out;
+    if (console_) out.line = progress_line_of_flat(name_, flatten(row));
+    if (events_) append_unsealed_event(events_pending_, wall_time_now_s(), row);
+    if (durable || !files.beside_training()) {
+      files.wait();
+      if (auto failure = files.failure()) throw cohort::error(*failure);
+      for (auto const& r : rows_pending_) dir_->append(r);
+      rows_pending_.clear();
+      dir_->append(row);
+      if (events_ && (durable || last_ - events_handed_over_ >= events_hand_over_interval ||
+                      events_pending_.size() >= events_hand_over_bytes)) {
+        events_->write(events_pending_);
+        events_pending_.clear();
+        events_handed_over_ = last_;
+      }
+    } else {
+      rows_pending_.push_back(row);
+      if (last_ - rows_handed_over_ >= rows_hand_over_interval || rows_pending_.size() >= rows_hand_over_count)
+        hand_over(files);
+    }
+    if (deferred) *deferred = std::move(out);
+    else if (!out.empty()) worker_.start([this, out = std::move(out)]() mutable { write(out); });
+    if (last_row_only_ && !history_.empty()) history_.back() = std::move(row);
+    else history_.push_back(std::move(row));
+  }
+
+  /// Beside training, rows and events are handed to the file_writer at once when the last
+  /// hand-over is this old, else once this many rows wait (a batch per ~millisecond of reports).
+  static constexpr auto rows_hand_over_interval = std::chrono::milliseconds(1);
+  static constexpr std::size_t rows_hand_over_count = 256;
+
+  /// Hands the rows and events waiting to the file_writer, as one job.
+  void hand_over(file_writer& files) {
+    rows_handed_over_ = last_;
+    if (rows_pending_.empty() && events_pending_.empty()) return;
+    files.start([&files, dir = dir_, events_file = events_, rows = std::move(rows_pending_),
+                 events = std::exchange(events_pending_, std::string{})]() mutable {
+      if (files.failure()) return;  // the run has failed: no row or event after the failure
+      try {
+        for (auto const& r : rows) dir->append(r);
+        if (!events.empty()) events_file->write(events);  // only events whose rows are written
+      } catch (std::exception const& e) {
+        files.fail(e.what());
+      } catch (...) {
+        files.fail("could not append to " + (dir->path() / "result.json").string());
+      }
+    });
+    rows_pending_.clear();  // moved from: empty again, explicitly
+  }
+
   cohort::detail::background_worker& worker_;
-  std::optional<run_directory> dir_;  ///< rank 0 only
+  file_writer* files_ = nullptr;       ///< rank 0 under a tuner: where the files are written
+  std::shared_ptr<run_directory> dir_;  ///< rank 0 only; with files_, used on its thread (and here once it is waited for)
   std::string name_;
   bool last_row_only_ = false;
   nlohmann::json row_keys_ = nlohmann::json::object();  ///< recorder_options::row_keys
-  std::optional<event_writer> events_;  ///< rank 0 with tensorboard: written on the worker
+  std::shared_ptr<event_writer> events_;  ///< rank 0 with tensorboard: written on the worker (or files_)
   std::string events_pending_;          ///< rank 0: encoded events not handed to the worker yet
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point last_ = start_;
@@ -172,6 +338,8 @@ class recorder {
   std::int64_t count_ = 0;
   std::int64_t reports_this_attempt_ = 0;
   std::vector<nlohmann::json> history_;  ///< rank 0 only; broadcast at the end of fit()
+  std::vector<nlohmann::json> rows_pending_;  ///< with files_ beside training: not handed over yet
+  std::chrono::steady_clock::time_point rows_handed_over_ = start_;
 };
 
 }  // namespace cohort::report

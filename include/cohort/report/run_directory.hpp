@@ -43,36 +43,54 @@ class run_directory {
   /// already holds result.json (a rerun of the same run, e.g. a resume), new rows are appended
   /// after the earlier ones, which are never rewritten or dropped. Throws cohort::error with the
   /// cause and the fix when the directory cannot be created or written.
-  run_directory(std::filesystem::path path, nlohmann::json const& params) : path_(std::move(path)) {
+  run_directory(std::filesystem::path path, nlohmann::json const& params) : run_directory(path, make(path)) {
+    if (fresh_) write_new(params);
+    else read_existing(params);
+  }
+
+  /// The directory at `path`, made by make() (`created`: make()'s answer), its files not touched
+  /// yet: write_new() or read_existing() comes next, possibly on another thread.
+  run_directory(std::filesystem::path path, bool created) : path_(std::move(path)), fresh_(created) {}
+
+  /// Creates `path` (one mkdir when the parent exists, as for a new trial of an experiment; else
+  /// the whole chain): true when this call created it. Throws cohort::error with the cause and
+  /// the fix when it cannot be created.
+  static bool make(std::filesystem::path const& path) {
     std::error_code ec;
-    // One mkdir when the parent exists (a new trial of an experiment), else the whole chain.
-    fresh_ = std::filesystem::create_directory(path_, ec);
-    if (ec) fresh_ = std::filesystem::create_directories(path_, ec);
-    if (ec || (!fresh_ && !std::filesystem::is_directory(path_)))
-      throw cohort::error("cannot create run directory " + path_.string() + " (" +
+    bool created = std::filesystem::create_directory(path, ec);
+    if (ec) created = std::filesystem::create_directories(path, ec);
+    if (ec || (!created && !std::filesystem::is_directory(path)))
+      throw cohort::error("cannot create run directory " + path.string() + " (" +
                           (ec ? ec.message() : std::string("not a directory")) +
                           "): set run_config.storage_path to a writable directory");
+    return created;
+  }
+
+  /// A directory make() just created: params.json, and result.json and progress.csv created
+  /// empty, as Ray creates them when a trial starts (creating a file took the first report ~1-2
+  /// ms on ext4: docs/benchmarks.md). Throws cohort::error with the cause and the fix.
+  void write_new(nlohmann::json const& params) {
+    // Nobody else has seen this directory: a plain write. If it is cut short by a crash, the
+    // rerun finds params.json unreadable and writes it again (read_existing).
+    std::ofstream out(path_ / "params.json", std::ios::binary);
+    out << params.dump(2) << "\n" << std::flush;
+    result_.open(path_ / "result.json", std::ios::app);
+    progress_.open(path_ / "progress.csv", std::ios::trunc);
+    if (!out || !result_ || !progress_)
+      throw cohort::error("could not write params.json, result.json and progress.csv in " + path_.string() +
+                          ": check free space and permissions; set run_config.storage_path to a writable directory");
+  }
+
+  /// A directory that existed (a rerun of the same run, e.g. a resume): params.json written again
+  /// only when unreadable, the rows of result.json taken back; new rows are appended after them.
+  void read_existing(nlohmann::json const& params) {
     try {
-      if (fresh_) {
-        // Nobody else has seen this directory: a plain write. If it is cut short by a crash,
-        // the rerun finds params.json unreadable and writes it again (below).
-        std::ofstream out(path_ / "params.json", std::ios::binary);
-        out << params.dump(2) << "\n" << std::flush;
-        if (!out) throw cohort::error("could not write " + (path_ / "params.json").string() + ": check free space and permissions");
-        // result.json and progress.csv are created now, as Ray creates them when a trial starts:
-        // creating a file took the first report ~1-2 ms on ext4 (docs/benchmarks.md).
-        result_.open(path_ / "result.json", std::ios::app);
-        progress_.open(path_ / "progress.csv", std::ios::trunc);
-        if (!result_ || !progress_) throw cohort::error("could not create result.json and progress.csv in " + path_.string() + ": check free space and permissions");
-        return;
-      }
       std::ifstream existing(path_ / "params.json");
       if (!existing || !nlohmann::json::parse(existing, nullptr, false).is_object())
         write_file_atomic(path_ / "params.json", params.dump(2) + "\n");
     } catch (cohort::error const& e) {
       throw cohort::error(std::string(e.what()) + "; set run_config.storage_path to a writable directory");
     }
-    // A rerun of the same run (a resume) appends: earlier rows are never rewritten or dropped.
     std::ifstream old(path_ / "result.json");
     for (std::string line; std::getline(old, line);) {
       auto row = nlohmann::json::parse(line, nullptr, false);
@@ -155,8 +173,8 @@ class run_directory {
   std::vector<std::string> columns_;
   std::vector<nlohmann::json> previous_;
   std::ofstream result_, progress_;
-  std::size_t rows_written_ = 0;
-  bool fresh_ = false;  ///< rows in result.json (earlier attempts' included)
+  std::size_t rows_written_ = 0;  ///< rows in result.json (earlier attempts' included)
+  bool fresh_ = false;            ///< make() created the directory
 };
 
 }  // namespace cohort::report

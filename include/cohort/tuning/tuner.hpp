@@ -244,6 +244,7 @@ class tuner {
     trial_run.storage_path = exp.string();
     trial_run.verbose = run.verbose >= 2 ? 1 : 0;
     std::optional<cohort::detail::trainer::run_comms> comms;  // the trainer's, kept while trials end cleanly
+    cohort::report::file_writer files;  // the leader's trials' files, written beside their training
     for (;;) {
       std::string text;
       if (leader) {
@@ -262,7 +263,7 @@ class tuner {
       auto const id = assignment.at("trial_id").get<std::string>();
       trial_run.name = id;
       trial_run.resume_from_checkpoint = assignment.value("restore_from", std::string{});
-      auto r = run_trial(coord, assignment, trial_run, comm, group, comms, rank);
+      auto r = run_trial(coord, assignment, trial_run, comm, group, comms, files, rank);
       if (leader) {
         nlohmann::json msg{{"trial_id", id},
                            {"outcome", r.preempted ? "preempted" : r.error ? "error" : r.stopped.value_or("finished")}};
@@ -286,9 +287,12 @@ class tuner {
   /// stays pending); the trainer's own guard handles signals during the trial. The trainer runs
   /// on `comms`, split from `group` when empty and emptied after a trial that failed (a failure
   /// may leave messages unreceived), the same on every rank of the group as the trial's outcome is.
+  /// The group's leader writes the trial's files on `files`; the trial ends once they are written
+  /// (an error if they could not be).
   cohort::result<void> run_trial(std::optional<coordinator_type>& coord, nlohmann::json const& assignment,
                                  run_config const& trial_run, MPI_Comm comm, comm::mpi& group,
-                                 std::optional<cohort::detail::trainer::run_comms>& comms, int rank) {
+                                 std::optional<cohort::detail::trainer::run_comms>& comms,
+                                 cohort::report::file_writer& files, int rank) {
     nlohmann::json const& config = assignment.at("config");
     auto const num_failures = assignment.value("num_failures", std::size_t{0});
     tuning::detail::quiet_results quiet;
@@ -308,7 +312,8 @@ class tuner {
           quiet.answered(reply);
           return reply;
         },
-        .row_keys = {{"num_failures", num_failures}}};
+        .row_keys = {{"num_failures", num_failures}},
+        .files = &files};
     std::int32_t signal = comm::detail::stop_signal().load();
     group.allreduce(&signal, 1, comm::reduce_op::max);
     cohort::result<void> r;
@@ -322,6 +327,7 @@ class tuner {
                                                      : trainer_.fit(config, trial_run, *comms, listener);
     sends.wait();
     if (run_result.error || run_result.preempted) comms.reset();
+    if (auto failure = files.settle(); failure && !run_result.error) run_result.error = *failure;
     r.preempted = run_result.preempted;
     r.error = run_result.error;
     r.stopped = run_result.stopped;

@@ -217,8 +217,9 @@ opened_run open_run(run_config const& run, std::filesystem::path const& run_path
                            .tensorboard = run.tensorboard,
                            .last_row_only = reports.under_tuner(),
                            .hparams = reports.under_tuner(),
-                           .row_keys = reports.row_keys()});
-      bool const fresh = reports.rows().directory().fresh() && run.resume_from_checkpoint.empty();  // a new run directory
+                           .row_keys = reports.row_keys(),
+                           .files = reports.files()});
+      bool const fresh = reports.rows().fresh() && run.resume_from_checkpoint.empty();  // a new run directory
       if (!fresh) resume_text = cohort::checkpointing::resume_point(run_path, run.resume_from_checkpoint, reports.checkpoints()).dump();
     } catch (std::exception const& e) {
       err = e.what();
