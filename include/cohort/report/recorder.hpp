@@ -56,12 +56,21 @@ class file_writer {
   void begin_run() {
     if (!run_began_) run_began_ = std::chrono::steady_clock::now();
   }
-  /// Runs `job` after the jobs started before it (on the thread, or here); `job` reports its
-  /// failure with fail() and must not throw.
+  /// Runs `job` after the jobs started before it (on the thread, or here); what it throws is
+  /// kept as the run's failure (fail()).
   void start(std::function<void()> job) {
     begin_run();
-    if (beside_) worker_.start(std::move(job));
-    else job();
+    auto guarded = [this, job = std::move(job)]() {
+      try {
+        job();
+      } catch (std::exception const& e) {
+        fail(e.what());
+      } catch (...) {
+        fail("writing the run's files failed");
+      }
+    };
+    if (beside_) worker_.start(std::move(guarded));
+    else guarded();
   }
   /// Blocks until every started job has returned.
   void wait() { worker_.wait(); }
@@ -155,15 +164,7 @@ class recorder {
       files_->begin_run();
       dir_ = std::make_shared<run_directory>(path, run_directory::make(path));
       if (dir_->fresh()) {
-        files_->start([files = files_, dir = dir_, params]() {
-          try {
-            dir->write_new(params);
-          } catch (std::exception const& e) {
-            files->fail(e.what());
-          } catch (...) {
-            files->fail("could not write the files of run directory " + dir->path().string());
-          }
-        });
+        files_->start([dir = dir_, params] { dir->write_new(params); });
         if (auto failure = files_->failure()) throw cohort::error(*failure);  // written inline: at once
       } else {
         files_->wait();
@@ -231,10 +232,9 @@ class recorder {
   /// there for the caller's job on the worker (write). The event is encoded here (less than
   /// copying the row for the worker would cost) and sealed and written on the worker. Without a
   /// console, events wait (events_hand_over_interval); the last ones are written by ~recorder.
-  /// With a file_writer, the row and the events are written on it (a copy of the row), unless
-  /// `durable` (a checkpoint's report: its row is in result.json before the checkpoint is
-  /// committed), when its earlier jobs are waited for and the row is written here; a failure
-  /// the file_writer kept is thrown at the next report.
+  /// With a file_writer, see record_on(): `durable` (a checkpoint's report) puts the row in
+  /// result.json before record() returns, so before the checkpoint is committed; a failure the
+  /// file_writer kept is thrown at the next report.
   void record(nlohmann::json row, output* deferred = nullptr, bool durable = false) {
     ++count_;
     ++reports_this_attempt_;
@@ -252,10 +252,7 @@ class recorder {
         events_handed_over_ = last_;
       }
     }
-    if (deferred) *deferred = std::move(out);
-    else if (!out.empty()) worker_.start([this, out = std::move(out)]() mutable { write(out); });
-    if (last_row_only_ && !history_.empty()) history_.back() = std::move(row);
-    else history_.push_back(std::move(row));
+    finish(std::move(out), deferred, std::move(row));
   }
 
   /// On the worker: prints a report's line and appends its events. Never throws (the events
@@ -293,6 +290,11 @@ class recorder {
       if (last_ - rows_handed_over_ >= rows_hand_over_interval || rows_pending_.size() >= rows_hand_over_count)
         hand_over(files);
     }
+    finish(std::move(out), deferred, std::move(row));
+  }
+
+  /// The end of every record(): the progress line to `deferred` or the worker, the row to history().
+  void finish(output out, output* deferred, nlohmann::json row) {
     if (deferred) *deferred = std::move(out);
     else if (!out.empty()) worker_.start([this, out = std::move(out)]() mutable { write(out); });
     if (last_row_only_ && !history_.empty()) history_.back() = std::move(row);
@@ -311,14 +313,8 @@ class recorder {
     files.start([&files, dir = dir_, events_file = events_, rows = std::move(rows_pending_),
                  events = std::exchange(events_pending_, std::string{})]() mutable {
       if (files.failure()) return;  // the run has failed: no row or event after the failure
-      try {
-        for (auto const& r : rows) dir->append(r);
-        if (!events.empty()) events_file->write(events);  // only events whose rows are written
-      } catch (std::exception const& e) {
-        files.fail(e.what());
-      } catch (...) {
-        files.fail("could not append to " + (dir->path() / "result.json").string());
-      }
+      for (auto const& r : rows) dir->append(r);
+      if (!events.empty()) events_file->write(events);  // only events whose rows are written
     });
     rows_pending_.clear();  // moved from: empty again, explicitly
   }
