@@ -340,6 +340,28 @@ TEST_CASE("the event writer appends decodable events and a second writer starts 
   CHECK(records_of(slurp(files[0])).size() == 2 + 3);
 }
 
+TEST_CASE("create() makes the events file with its header at once; the first write only appends", "[report][tensorboard][pure]") {
+  // Catches: create() writing nothing or no START (a tuner's trial creates its file as it
+  // starts), or the first write() after it writing the header again.
+  auto dir = cohort_test::scratch("tensorboard_create") / std::to_string(cohort_test::world_rank());
+  std::filesystem::create_directories(dir);
+  cohort::report::event_writer w(dir, cohort::report::directory_age::just_created);
+  w.create(1);
+  REQUIRE(events_files(dir).size() == 1);
+  auto const header = slurp(events_files(dir)[0]);
+  CHECK(records_of(header).size() == 2);  // file_version, SessionLog START
+  auto first = encoded({{1000.25, {{"training_iteration", 1}, {"loss", 1.0}}}});
+  w.write(first);
+  w.create(1);  // once created, nothing more
+  auto const all = slurp(events_files(dir)[0]);
+  CHECK(all.substr(0, header.size()) == header);
+  CHECK(records_of(all).size() == 2 + 1);
+  auto const events = events_in(dir);
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].step == 1);
+  CHECK(events[0].values == std::vector<std::pair<std::string, float>>{{"loss", 1.0f}});
+}
+
 TEST_CASE("an events file that cannot be created is a warning, not an error", "[report][tensorboard][pure]") {
   cohort::report::event_writer w("/nonexistent/cohort/run", cohort::report::directory_age::just_created);
   auto one = encoded({{1.0, {{"training_iteration", 1}, {"loss", 1.0}}}});

@@ -163,17 +163,21 @@ class recorder {
     } else {
       files_->begin_run();
       dir_ = std::make_shared<run_directory>(path, run_directory::make(path));
-      if (dir_->fresh()) {
-        files_->start([dir = dir_, params] { dir->write_new(params); });
-        if (auto failure = files_->failure()) throw cohort::error(*failure);  // written inline: at once
-      } else {
+      if (!dir_->fresh()) {
         files_->wait();
         dir_->read_existing(params);
       }
     }
-    if (options.tensorboard) {  // no I/O until the first events
+    if (options.tensorboard) {  // no I/O until the first events (with a file_writer: the job below)
       events_ = std::make_shared<event_writer>(path, dir_->fresh() ? directory_age::just_created : directory_age::existing);
       if (options.hparams) events_->set_preamble(tfrecord(hparams_session_start_event(wall_time_now_s(), params)));
+    }
+    if (files_ && dir_->fresh()) {  // the new run's files, the events file with them
+      files_->start([dir = dir_, params, events = events_] {
+        dir->write_new(params);
+        if (events) events->create(1);  // its first report's step
+      });
+      if (auto failure = files_->failure()) throw cohort::error(*failure);  // written inline: at once
     }
     if (options.console) console_.emplace(worker_);  // starts the worker's thread
   }

@@ -65,7 +65,8 @@ enum class directory_age { existing, just_created };
 
 /// The TensorBoard events file of one run directory, written by the rank that owns the
 /// directory (rank 0; in fit() on its background thread). Each attempt of a run (a resume)
-/// writes a new file: nothing written before is rewritten. No I/O until the first write().
+/// writes a new file: nothing written before is rewritten. No I/O until the first write() or
+/// create().
 class event_writer {
  public:
   /// Events for `dir`; a directory just created is not listed for earlier events files.
@@ -87,27 +88,39 @@ class event_writer {
   void write(std::string& records) {
     if (failed_ || records.empty()) return;
     seal_records(records);
-    std::string_view left = records;
-    std::string first;
-    if (fd_ < 0) {
-      if (!open()) return;
-      double const now_s = wall_time_now_s();
-      first = tfrecord(file_version_event(now_s)) + tfrecord(session_start_event(now_s, first_step(records))) + preamble_;
-      first.append(records);
-      left = first;
-    }
-    while (!left.empty()) {
-      auto const n = ::write(fd_, left.data(), left.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return fail(std::error_code(errno, std::generic_category()).message());
-      left.remove_prefix(static_cast<std::size_t>(n));
-    }
+    if (fd_ >= 0) return append(records);
+    if (!open()) return;
+    append(header(first_step(records)) + records);
+  }
+
+  /// Creates the file now, as write() would for a first record at `step` (a new run's first
+  /// report: 1), so that the first write() only appends: a tuner's trial creates it as it starts,
+  /// as Ray does, not as it ends (bench_tune scale/N). Fails as write() does.
+  void create(std::int64_t step) {
+    if (failed_ || fd_ >= 0 || !open()) return;
+    append(header(step));
   }
 
   /// The file's path (empty until the first write()).
   std::filesystem::path const& path() const { return path_; }
 
  private:
+  /// The file's first events: its file_version, a SessionLog START at `step`, the preamble.
+  std::string header(std::int64_t step) const {
+    double const now_s = wall_time_now_s();
+    return tfrecord(file_version_event(now_s)) + tfrecord(session_start_event(now_s, step)) + preamble_;
+  }
+
+  /// Appends `bytes` in as few write() calls as it takes.
+  void append(std::string_view bytes) {
+    while (!bytes.empty()) {
+      auto const n = ::write(fd_, bytes.data(), bytes.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return fail(std::error_code(errno, std::generic_category()).message());
+      bytes.remove_prefix(static_cast<std::size_t>(n));
+    }
+  }
+
   bool open() {
     std::vector<std::string> existing;
     if (!fresh_) {
