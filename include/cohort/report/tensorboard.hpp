@@ -101,7 +101,7 @@ class event_writer {
     append(header(step));
   }
 
-  /// The file's path (empty until the first write()).
+  /// The file's path (empty until the first write() or create()).
   std::filesystem::path const& path() const { return path_; }
 
  private:
