@@ -1,6 +1,7 @@
 #include <cohort/tuning/trial_book.hpp>
 #include <cohort/tuning/messages.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -409,6 +410,38 @@ TEST_CASE("a leader sends quiet only results inside the span of the coordinator'
   CHECK_FALSE(quiet.send_quiet(json{{"score", 1.0}}));  // then it waits
 }
 
+TEST_CASE("quiet results go in batches while they come fast, at once after a pause", "[tuning][pure]") {
+  // Catches: every result sent alone (no batch), a batch that grows past max_rows, a result after
+  // a pause held back, rows lost or reordered between add() and take().
+  using cohort::tuning::detail::quiet_batch;
+  quiet_batch batch;
+  CHECK(batch.empty());
+  CHECK(batch.add(json{{"i", 0}}));  // the first: nothing came before it
+  auto first = batch.take("trial_00001");
+  CHECK(first.at("trial_id") == "trial_00001");
+  CHECK(first.at("quiet") == true);
+  CHECK(cohort::tuning::detail::decode_history(first.at("rows").get_binary()) == std::vector<json>{json{{"i", 0}}});
+  CHECK(batch.empty());
+  std::size_t messages = 0, since_take = 0, largest = 0;
+  std::vector<json> received;
+  for (int i = 1; i <= 2000; ++i) {
+    ++since_take;
+    if (!batch.add(json{{"i", i}})) continue;
+    ++messages;
+    largest = std::max(largest, since_take);
+    since_take = 0;
+    for (auto& row : cohort::tuning::detail::decode_history(batch.take("t").at("rows").get_binary())) received.push_back(std::move(row));
+  }
+  CHECK(messages < 2000 / 4);  // 2,000 results in far less than max_age each: batched
+  CHECK(largest <= quiet_batch::max_rows);
+  if (!batch.empty())
+    for (auto& row : cohort::tuning::detail::decode_history(batch.take("t").at("rows").get_binary())) received.push_back(std::move(row));
+  REQUIRE(received.size() == 2000);
+  for (int i = 0; i < 2000; ++i) CHECK(received[static_cast<std::size_t>(i)].at("i") == i + 1);
+  std::this_thread::sleep_for(quiet_batch::max_age + std::chrono::milliseconds(1));
+  CHECK(batch.add(json{{"i", 2001}}));  // after a pause: at once
+}
+
 TEST_CASE("the trials sent to the other ranks at the end decode to what rank 0 holds, NaN included", "[tuning][pure]") {
   // Catches: a config, metrics, history or checkpoint's metrics lost or left moved-out on rank 0
   // by the encoding, or a field dropped.
@@ -444,4 +477,48 @@ TEST_CASE("the trials sent to the other ranks at the end decode to what rank 0 h
   CHECK(back[1].error == std::optional<std::string>("broken"));
   CHECK(back[1].num_failures == 2);
   CHECK(back[1].metrics_history.empty());
+}
+
+TEST_CASE("a history's bytes decode to the same rows, whatever their keys and values", "[tuning][pure]") {
+  // Catches: a row given the keys of another key set (after the keys change, or change back), a
+  // value's type or bits changed (NaN, infinities, large unsigned, negative integers, nested
+  // values), a non-object row dropped, and bytes that encode_history did not write taken as rows.
+  using cohort::tuning::detail::decode_history;
+  using cohort::tuning::detail::encode_history;
+  double const nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  std::vector<json> const rows{
+      {{"loss", 0.5}, {"training_iteration", 1}},
+      {{"loss", -inf}, {"training_iteration", 2}},
+      {{"acc", 0.9}, {"loss", inf}, {"training_iteration", 3}},  // a new key
+      {{"loss", 0.25}, {"training_iteration", 4}},                // the first keys again
+      {{"loss", "n/a"}, {"training_iteration", std::uint64_t{18446744073709551615u}}},
+      {{"done", true}, {"loss", nullptr}, {"nested", {{"a", json::array({1, "b", false})}}}, {"training_iteration", -6}},
+      json::object(),
+      json(7.5),  // not an object
+      {{"loss", nan}, {"training_iteration", 9}},
+  };
+  auto const bytes = encode_history(rows);
+  auto const back = decode_history(bytes);
+  REQUIRE(back.size() == rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (i == rows.size() - 1) continue;  // NaN != NaN
+    CHECK(back[i] == rows[i]);
+    CHECK(back[i].dump() == rows[i].dump());  // types too (1 and 1.0 compare equal)
+  }
+  CHECK(std::isnan(back.back().at("loss").get<double>()));
+  CHECK(back.back().at("training_iteration") == 9);
+  CHECK(back[4].at("training_iteration").is_number_unsigned());
+  CHECK(back[5].at("training_iteration").is_number_integer());
+  CHECK(decode_history(encode_history({})).empty());
+
+  auto truncated = bytes;
+  truncated.pop_back();
+  CHECK_THROWS_AS(decode_history(truncated), std::runtime_error);
+  auto longer = bytes;
+  longer.push_back(0);
+  CHECK_THROWS_AS(decode_history(longer), std::runtime_error);
+  auto unknown_set = encode_history({{{"loss", 1.0}}});
+  unknown_set[4] = 5;  // the first row's key set: only 0 (new) can come first
+  CHECK_THROWS_AS(decode_history(unknown_set), std::runtime_error);
+  CHECK_THROWS_AS(decode_history(cohort::tuning::detail::history_bytes{0xff, 0xff, 0xff, 0x7f}), std::runtime_error);
 }

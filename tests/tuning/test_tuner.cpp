@@ -309,6 +309,41 @@ TEST_CASE("a decision on a result its group did not wait for reaches the trial a
   }
 }
 
+TEST_CASE("results sent without waiting reach the coordinator in order, batched or one by one", "[tuning][mpi]") {
+  // Each trial reports in bursts (batched), each but the last followed by a pause past max_quiet
+  // (the next result waits for its answer) and a row with keys of its own; the trial ends in a
+  // burst. Catches: a batch's rows lost, reordered or given to another trial, rows still waiting
+  // when a result that waits is sent or when the trial ends left behind, a row given the keys of
+  // the rows before it.
+  auto const storage = cohort_test::scratch("tune_batches");
+  constexpr int bursts = 3, per_burst = 700;
+  auto fn = [](cohort::context& ctx, nlohmann::json const& config) {
+    int i = 0;
+    for (int b = 0; b < bursts; ++b) {
+      for (int k = 0; k < per_burst; ++k, ++i) ctx.report({{"i", i}, {"x", config.at("x")}});
+      if (b + 1 == bursts) break;
+      std::this_thread::sleep_for(cohort::tuning::detail::quiet_results::max_quiet + std::chrono::milliseconds(5));
+      ctx.report({{"i", i++}, {"x", config.at("x")}, {"after_pause", true}});
+    }
+  };
+  std::vector<nlohmann::json> xs;
+  for (int g = 0; g < 2 * world_size(); ++g) xs.emplace_back(g);
+  cohort::tuner tuner{fn, cohort::tune_config{.metric = "i", .status_interval_s = 1e9}};
+  auto grid = tuner.fit(cohort::space{{"x", cohort::grid_search(xs)}}, {.name = "batches", .storage_path = storage.string(), .verbose = 0});
+  REQUIRE(grid.ok());
+  REQUIRE(grid.size() == xs.size());
+  for (auto const& t : grid.trials) {
+    CHECK(t.status == "TERMINATED");
+    REQUIRE(t.metrics_history.size() == bursts * (per_burst + 1) - 1);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < t.metrics_history.size(); ++i) {
+      auto const& row = t.metrics_history[i];
+      wrong += row.at("i") != static_cast<int>(i) || row.at("x") != t.config.at("x") || row.contains("after_pause") != ((i + 1) % (per_burst + 1) == 0);
+    }
+    CHECK(wrong == 0);
+  }
+}
+
 TEST_CASE("ASHA stops poor trials at its rungs and lets the best reach max_t", "[tuning][mpi]") {
   auto const storage = cohort_test::scratch("tune_asha");
   cohort::tuner tuner{quadratic{.iterations = 9, .sleep_ms = 0},

@@ -100,7 +100,7 @@ class coordinator {
       bool const asked = st.MPI_TAG == result_tag && !msg.contains("quiet");  // its leader waits for the answer
       try {
         if (st.MPI_TAG == request_tag) on_request(group);
-        else if (st.MPI_TAG == result_tag && !asked) on_quiet_result(std::move(msg));
+        else if (st.MPI_TAG == result_tag && !asked) on_quiet_result(msg);
         else if (st.MPI_TAG == result_tag) on_result(group, std::move(msg));
         else if (st.MPI_TAG == complete_tag) on_complete(msg);
       } catch (std::exception const& e) {  // a broken invariant of the tuner itself: end the experiment cleanly
@@ -244,10 +244,13 @@ class coordinator {
   /// A result its group did not wait for (quiet_results): decided on as any other; a decision
   /// other than proceed (the experiment stopping, the scheduler failing on it) is owed to the
   /// trial and is the answer to its next asked result (quiet_results: within max_quiet or one report).
-  void on_quiet_result(nlohmann::json msg) {
-    auto id = msg.at("trial_id").get<std::string>();
-    auto reply = book_.on_result(std::move(msg));
-    if (reply.value("what", std::string{}) != "proceed") owed_.try_emplace(std::move(id), std::move(reply));
+  /// They come in batches (quiet_batch).
+  void on_quiet_result(nlohmann::json const& msg) {
+    auto const& id = msg.at("trial_id").get_ref<std::string const&>();
+    for (auto& row : decode_history(msg.at("rows").get_binary())) {
+      auto reply = book_.on_result(id, std::move(row));
+      if (reply.value("what", std::string{}) != "proceed") owed_.try_emplace(id, std::move(reply));
+    }
   }
 
   /// Under tune_config::reproducible: the answers to the held results whose turn has come.

@@ -142,8 +142,12 @@ class trial_book {
 
   /// A result of a running trial: the stoppers and the scheduler decide what it does next.
   nlohmann::json on_result(nlohmann::json msg) {
-    auto& t = roster_.at(msg.at("trial_id").get<std::string>());
-    t.history.push_back(std::move(msg.at("row")));
+    return on_result(msg.at("trial_id").get_ref<std::string const&>(), std::move(msg.at("row")));
+  }
+  /// on_result of trial `id`'s `result` (a row).
+  nlohmann::json on_result(std::string const& id, nlohmann::json result) {
+    auto& t = roster_.at(id);
+    t.history.push_back(std::move(result));
     auto const& row = t.history.back();
     dirty_ = true;
     if (callbacks_) callbacks_.result(t);

@@ -298,16 +298,16 @@ class tuner {
     tuning::detail::quiet_results quiet;
     quiet.answered(assignment);  // it may name the first results sent without waiting
     tuning::detail::quiet_sends sends;  // waited for when the trial ends, before its completion is sent
+    tuning::detail::quiet_batch batch;  // quiet results not sent yet: sent before any other message
     cohort::report::listener listener{
         .decide = [&, id = trial_run.name](nlohmann::json const& row) {
-          nlohmann::json msg{{"trial_id", id}, {"row", row}};
-          if (rank == 0) return coord->local_result(std::move(msg));
+          if (rank == 0) return coord->local_result({{"trial_id", id}, {"row", row}});
           if (quiet.send_quiet(row)) {  // the coordinator is sure to answer proceed: not waited for
-            msg["quiet"] = true;
-            sends.send(comm, 0, tuning::detail::result_tag, msg);
+            if (batch.add(row)) sends.send(comm, 0, tuning::detail::result_tag, batch.take(id));
             return nlohmann::json{{"what", "proceed"}};
           }
-          sends.send(comm, 0, tuning::detail::result_tag, msg);
+          if (!batch.empty()) sends.send(comm, 0, tuning::detail::result_tag, batch.take(id));
+          sends.send(comm, 0, tuning::detail::result_tag, {{"trial_id", id}, {"row", row}});
           auto reply = tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag);
           quiet.answered(reply);
           return reply;
@@ -325,6 +325,7 @@ class tuner {
     if (trial_run.validators.ranks == 0 && !comms) comms.emplace(group, trial_run);
     auto run_result = trial_run.validators.ranks > 0 ? trainer_.fit(config, trial_run, group, listener)
                                                      : trainer_.fit(config, trial_run, *comms, listener);
+    if (!batch.empty()) sends.send(comm, 0, tuning::detail::result_tag, batch.take(trial_run.name));
     sends.wait();
     if (run_result.error || run_result.preempted) comms.reset();
     if (auto failure = files.settle(); failure && !run_result.error) run_result.error = *failure;
