@@ -510,6 +510,10 @@ TEST_CASE("a history's bytes decode to the same rows, whatever their keys and va
   CHECK(back[4].at("training_iteration").is_number_unsigned());
   CHECK(back[5].at("training_iteration").is_number_integer());
   CHECK(decode_history(encode_history({})).empty());
+  std::vector<json> many_sets;  // every row's keys its own, then the first keys again, sets later
+  for (int i = 0; i < 40; ++i) many_sets.push_back({{"k" + std::to_string(i), i}});
+  many_sets.push_back({{"k0", -1}});
+  CHECK(decode_history(encode_history(many_sets)) == many_sets);
 
   auto truncated = bytes;
   truncated.pop_back();

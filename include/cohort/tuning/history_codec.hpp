@@ -7,6 +7,7 @@
 /// the reader inserts each row's keys in order. Rows that are not objects, and values that are
 /// arrays or objects, travel as MessagePack.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -140,7 +141,9 @@ class history_writer {
     }
     auto const& obj = row.get_ref<nlohmann::json::object_t const&>();
     if (key_sets_.empty() || !c::has_keys(row, key_sets_[last_], out_)) {  // most rows have the keys of the row before
-      last_ = 0;
+      // Else one of the latest sets_searched sets, or a new one (a set may then be written twice:
+      // rows whose keys all differ cost a set each, not a search through every earlier one).
+      last_ = key_sets_.size() - std::min(key_sets_.size(), sets_searched);
       while (last_ < key_sets_.size() && !c::has_keys(row, key_sets_[last_], out_)) ++last_;
       if (last_ == key_sets_.size()) {
         auto& keys = key_sets_.emplace_back();
@@ -173,6 +176,7 @@ class history_writer {
  private:
   history_bytes out_;
   std::size_t count_ = 0;
+  static constexpr std::size_t sets_searched = 16;
   std::vector<history_codec::written_keys> key_sets_;  ///< in out_, not copied
   std::size_t last_ = 0;  ///< the key set of the row before
 };
@@ -184,7 +188,8 @@ inline history_bytes encode_history(std::vector<nlohmann::json> const& rows) {
   return w.take();
 }
 
-/// The rows encode_history wrote. Throws std::runtime_error on bytes it did not write.
+/// The rows encode_history wrote. Throws std::runtime_error on bytes it did not write (or
+/// nlohmann::json::parse_error, where a value written as MessagePack is not).
 inline std::vector<nlohmann::json> decode_history(history_bytes const& bytes) {
   namespace c = history_codec;
   c::reader in(bytes);

@@ -338,7 +338,8 @@ class tuner {
   }
 
   /// The result grid, the same on every rank: rank 0 moves it out of the coordinator and sends
-  /// it as MessagePack (encode_trials: the histories moved, not copied); the others decode it.
+  /// it as MessagePack (encode_trials: the histories as history bytes, the other values moved,
+  /// not copied); the others decode it.
   tuning::result_grid gather_results(tuning::result_grid out, std::optional<coordinator_type>& coord, comm::mpi& world) {
     int const rank = world.rank();
     if (rank == 0) out.trials = coord->take_trials();
