@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// A trial's metrics history as compact bytes, for the result grid rank 0 sends to the other ranks
-/// at the end of an experiment (encode_trials). A history is many rows with the same keys: the
+/// at the end of an experiment (encode_trials) and for the batches of results a group leader
+/// sends without waiting (quiet_batch). A history is many rows with the same keys: the
 /// keys of each distinct set are written once, and each row as the index of its set and its values
 /// (numbers as their 8 bytes), so neither side parses, compares or looks up a key per row, and
 /// the reader inserts each row's keys in order. Rows that are not objects, and values that are
@@ -28,7 +29,7 @@ namespace history_codec {
 
 /// What precedes each value.
 enum tag : std::uint8_t { null = 'n', yes = 't', no = 'f', integer = 'i', unsigned_integer = 'u', floating = 'd', string = 's', other = 'm' };
-/// A row's key-set index meaning "not an object" (its value follows as `other`).
+/// A row's key-set index meaning "not an object" (its value follows, as put_value writes it).
 inline constexpr std::uint32_t not_an_object = 0xFFFFFFFFu;
 
 template <class T>
