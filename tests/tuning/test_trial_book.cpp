@@ -88,6 +88,53 @@ TEST_CASE("the book runs at most `concurrent` trials, hands out the rest as tria
   CHECK(book.outcome().empty());
 }
 
+TEST_CASE("a group asking as its trial ends gets the next one before the completion, where nothing depends on it", "[tuning][pure]") {
+  // Catches: a finishing trial's place kept until its files are written (the group waits for
+  // them and for the coordinator in turn), given away where the next trial depends on the
+  // completion (a searcher that learns, tune_config.reproducible, max_concurrent_trials), "done"
+  // before the finishing trial's completion, or a place counted free twice.
+  auto const dir = fresh("book_finishing");
+  grid_book<> book({}, {}, {}, {.metric = "score"}, dir, 1);
+  book.start(three);
+  CHECK(id_of(book.assignment()) == "trial_00000");
+  CHECK_FALSE(book.assignment());
+  book.finishing("trial_00000");
+  book.finishing("trial_00000");
+  CHECK(id_of(book.assignment()) == "trial_00001");
+  CHECK_FALSE(book.assignment());  // trial_00000's place is taken by trial_00001, once
+  book.on_complete(complete("trial_00000"));
+  CHECK_FALSE(book.assignment());
+  book.finishing("trial_00001");
+  CHECK(id_of(book.assignment()) == "trial_00002");
+  book.on_complete(complete("trial_00001"));
+  book.finishing("trial_00002");
+  CHECK_FALSE(book.assignment());  // nothing left, and trial_00002 has not completed: not done yet
+  book.on_complete(complete("trial_00002"));
+  CHECK(done(book.assignment()));
+  CHECK(statuses(book) == std::vector<std::string>{"TERMINATED", "TERMINATED", "TERMINATED"});
+
+  auto const waits = [&](auto& other, std::string const& why, cohort::space const& space = three) {
+    INFO(why);
+    other.start(space);
+    CHECK(id_of(other.assignment()) == "trial_00000");
+    other.finishing("trial_00000");
+    CHECK_FALSE(other.assignment());
+    other.on_complete(complete("trial_00000"));
+    CHECK(id_of(other.assignment()) == "trial_00001");
+  };
+  cohort::tuning::detail::trial_book<search::tpe, schedule::fifo, std::tuple<>> tpe(
+      {}, {}, {}, {.metric = "score", .num_samples = 3}, dir / "tpe", 1);
+  waits(tpe, "a searcher that learns from completions", {{"a", cohort::choice({1, 2, 3})}});
+  grid_book<> reproducible({}, {}, {}, {.metric = "score", .reproducible = true}, dir / "reproducible", 1);
+  waits(reproducible, "reproducible");
+  grid_book<> limited({}, {}, {}, {.metric = "score", .max_concurrent_trials = 1}, dir / "limited", 1);
+  waits(limited, "max_concurrent_trials");
+  cohort::tuning::detail::trial_book<search::basic, schedule::pbt, std::tuple<>> pbt(
+      {}, {.hyperparam_mutations = {{"a", schedule::mutation::range{.low = 0.0, .high = 4.0}}}}, {}, {.metric = "score"},
+      dir / "pbt", 1);
+  waits(pbt, "a scheduler that pauses and exploits");
+}
+
 TEST_CASE("the book's state, read back by a new book, resumes running trials first under the same ids", "[tuning][pure]") {
   // Catches: a resumed experiment that starts trials afresh, loses one that was running, starts
   // over a trial begun after the last state write whose directory has its config (its rows and

@@ -99,7 +99,7 @@ class coordinator {
       std::size_t const group = group_of(st.MPI_SOURCE);
       bool const asked = st.MPI_TAG == result_tag && !msg.contains("quiet");  // its leader waits for the answer
       try {
-        if (st.MPI_TAG == request_tag) on_request(group);
+        if (st.MPI_TAG == request_tag) on_request(group, msg);
         else if (st.MPI_TAG == result_tag && !asked) on_quiet_result(msg);
         else if (st.MPI_TAG == result_tag) on_result(group, std::move(msg));
         else if (st.MPI_TAG == complete_tag) on_complete(msg);
@@ -141,10 +141,15 @@ class coordinator {
     cv_.wait(lock, [&] { return ended_; });
   }
 
-  /// Rank 0's own group: the next assignment, waiting until there is one.
-  nlohmann::json local_request() {
+  /// Rank 0's own group: asks for its next assignment (a request message, see on_request), which
+  /// local_answer() then waits for.
+  void local_ask(nlohmann::json const& request) {
+    std::lock_guard lock(mutex_);
+    on_request(0, request);
+  }
+  /// Rank 0's own group: the assignment it asked for, waiting until there is one.
+  nlohmann::json local_answer() {
     std::unique_lock lock(mutex_);
-    on_request(0);
     cv_.wait(lock, [&] { return local_reply_.has_value(); });
     return *std::exchange(local_reply_, std::nullopt);
   }
@@ -211,7 +216,10 @@ class coordinator {
     return a;
   }
 
-  void on_request(std::size_t group) {
+  /// A group asks for its next trial: {} or, as its trial's training ended and before that
+  /// trial's completion, {"finishing": trial id} (trial_book::finishing).
+  void on_request(std::size_t group, nlohmann::json const& request) {
+    if (auto it = request.find("finishing"); it != request.end()) book_.finishing(it->get<std::string>());
     if (auto a = assignment()) deliver(group, *a);
     else waiting_.push_back(group);
   }

@@ -46,12 +46,16 @@ inline nlohmann::json recv_json(MPI_Comm comm, int source, int tag, MPI_Status* 
   MPI_Status st;
   // Polled, not MPI_Probe: Open MPI's blocking probe spins on a core, and a leader waiting for
   // the coordinator's answer would take that core from rank 0's coordinator thread, which has
-  // to run for the answer to come (bench_tune trials/N, results/N at 2 ranks on 2 cores).
+  // to run for the answer to come (bench_tune trials/N, results/N at 2 ranks on 2 cores). It
+  // yields for the first 200 us, which covers an answer the coordinator gives at once, then
+  // sleeps 20 us between polls: on a VM a 20 us sleep takes 50-70 us to wake from (bench_tune
+  // scale/N: the answer to a request for the next trial).
   int flag = 0;
+  auto const spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
   for (int polls = 0;; ++polls) {
     MPI_Iprobe(source, tag, comm, &flag, &st);
     if (flag) break;
-    if (polls < 20) std::this_thread::yield();
+    if (polls < 20 || std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
     else comm::detail::precise_sleep(std::chrono::microseconds(20));
   }
   int n = 0;

@@ -116,7 +116,8 @@ class trial_book {
 
   /// The next trial for a free group, {"done": true} when there will be none, or nothing yet.
   std::optional<nlohmann::json> assignment() {
-    if (roster_.running() < concurrent_ && end_.fatal.empty() && !end_.stopping) {
+    std::size_t const occupied = roster_.running() - (next_is_independent() ? finishing_.size() : 0);
+    if (occupied < concurrent_ && end_.fatal.empty() && !end_.stopping) {
       auto id = next_to_run();
       if (id && end_.fatal.empty()) {
         auto& t = roster_.at(*id);
@@ -131,6 +132,13 @@ class trial_book {
     bool const more = end_.fatal.empty() && !end_.stopping && (!roster_.nothing_queued() || !roster_.nothing_paused() || !source_.exhausted());
     if (roster_.running() == 0 && !more) return nlohmann::json{{"done", true}};
     return std::nullopt;
+  }
+
+  /// Trial `id`'s group asked for its next trial as the trial's training ended, before its files
+  /// were written and its completion sent (on_complete): where the next assignment cannot depend
+  /// on that completion (next_is_independent), its place counts as free until then.
+  void finishing(std::string const& id) {
+    if (roster_.contains(id)) finishing_.insert(id);
   }
 
   /// Under tune_config::reproducible: whether trial number `n`'s result at iteration `level` may
@@ -206,6 +214,7 @@ class trial_book {
     auto& t = roster_.at(msg.at("trial_id").get<std::string>());
     auto const outcome = msg.at("outcome").get<std::string>();
     roster_.finished_running();
+    finishing_.erase(t.id);
     t.retained_at_end.reset();
     dirty_ = true;
     if (outcome == "error" && retry(t, msg.value("error", std::string("failed")))) {
@@ -300,6 +309,18 @@ class trial_book {
   nlohmann::json outcome() const { return end_.outcome(); }
 
  private:
+  /// Whether the next trial to run is the same whenever a running trial's completion comes:
+  /// search::basic (grid and random: its suggestions learn nothing), a scheduler that never
+  /// pauses or exploits (fifo, asha: a completion only updates what it compares results with),
+  /// no limit on concurrent trials (tune_config::max_concurrent_trials: the finishing trial's files
+  /// are still being written as the next one starts), and not tune_config::reproducible. Then a
+  /// group that asks as its trial ends (finishing) gets its next trial without waiting for that
+  /// trial's files to be written (bench_tune scale/N).
+  bool next_is_independent() const {
+    return independent_of_completions<Searcher> && independent_of_completions<Scheduler> && !cfg_.reproducible &&
+           cfg_.max_concurrent_trials == 0;
+  }
+
   /// The trial to start next: a queued one, else a new one from the searcher, else (the searcher
   /// exhausted) a paused one. Nothing when there is none now.
   std::optional<std::string> next_to_run() {
@@ -396,6 +417,7 @@ class trial_book {
   tune_config cfg_;
   std::filesystem::path exp_;
   std::size_t concurrent_;
+  std::set<std::string> finishing_;  ///< running trials whose group has asked for its next (finishing)
   trial_roster roster_;
   trial_restarts restarts_;  ///< PBT's exploits, the scheduler's decisions about paused trials
   std::set<std::string> failed_by_tuner_;  ///< trials the scheduler failed on: their error is not retried
