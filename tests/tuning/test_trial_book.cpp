@@ -88,37 +88,52 @@ TEST_CASE("the book runs at most `concurrent` trials, hands out the rest as tria
   CHECK(book.outcome().empty());
 }
 
-TEST_CASE("a group asking as its trial ends gets the next one before the completion, where nothing depends on it", "[tuning][pure]") {
-  // Catches: a finishing trial's place kept until its files are written (the group waits for
-  // them and for the coordinator in turn), given away where the next trial depends on the
-  // completion (a searcher that learns, tune_config.reproducible, max_concurrent_trials), "done"
-  // before the finishing trial's completion, or a place counted free twice.
-  auto const dir = fresh("book_finishing");
-  grid_book<> book({}, {}, {}, {.metric = "score"}, dir, 1);
-  book.start(three);
-  CHECK(id_of(book.assignment()) == "trial_00000");
-  CHECK_FALSE(book.assignment());
-  book.finishing("trial_00000");
-  book.finishing("trial_00000");
-  CHECK(id_of(book.assignment()) == "trial_00001");
-  CHECK_FALSE(book.assignment());  // trial_00000's place is taken by trial_00001, once
-  book.on_complete(complete("trial_00000"));
-  CHECK_FALSE(book.assignment());
-  book.finishing("trial_00001");
-  CHECK(id_of(book.assignment()) == "trial_00002");
-  book.on_complete(complete("trial_00001"));
-  book.finishing("trial_00002");
-  CHECK_FALSE(book.assignment());  // nothing left, and trial_00002 has not completed: not done yet
-  book.on_complete(complete("trial_00002"));
-  CHECK(done(book.assignment()));
-  CHECK(statuses(book) == std::vector<std::string>{"TERMINATED", "TERMINATED", "TERMINATED"});
+TEST_CASE("a group asking ahead gets its next trial reserved while its trial runs, where nothing depends on it", "[tuning][pure]") {
+  // Catches: no reservation where the next trial cannot depend on a completion (the group then
+  // waits for the coordinator as each trial ends), one where it can (a searcher that learns,
+  // tune_config.reproducible, max_concurrent_trials, a scheduler that pauses), a reserved trial
+  // counted as running (its place taken twice) or started twice, "done" before the last
+  // trial ended, or a reserved trial lost when the experiment is interrupted before it starts.
+  auto const dir = fresh("book_reservation");
+  std::string saved;
+  {
+    grid_book<> book({}, {}, {}, {.metric = "score"}, dir, 1);
+    book.start(three);
+    CHECK(id_of(book.assignment()) == "trial_00000");
+    auto reserved = book.reservation();
+    CHECK(id_of(reserved) == "trial_00001");
+    CHECK(reserved->value("reserved", false));
+    CHECK(reserved->at("config") == json{{"a", 2}});
+    CHECK(statuses(book) == std::vector<std::string>{"RUNNING", "PENDING"});
+    CHECK_FALSE(book.assignment());  // one group, its trial running: the reserved one is not handed out again
+    book.on_complete(complete("trial_00000"));
+    saved = book.state().text();  // the job stops here: trial_00001 reserved, not started
+    book.started("trial_00001");
+    book.started("trial_00001");
+    CHECK(statuses(book) == std::vector<std::string>{"TERMINATED", "RUNNING"});
+    CHECK(id_of(book.reservation()) == "trial_00002");
+    CHECK_FALSE(book.reservation());  // the grid is exhausted
+    book.on_complete(complete("trial_00001"));
+    book.started("trial_00002");
+    CHECK_FALSE(book.reservation());
+    CHECK_FALSE(book.assignment());  // trial_00002 still runs: not done yet
+    book.on_complete(complete("trial_00002"));
+    CHECK(done(book.assignment()));
+    CHECK(statuses(book) == std::vector<std::string>{"TERMINATED", "TERMINATED", "TERMINATED"});
+  }
+  std::filesystem::create_directories(dir / "again");
+  std::ofstream(dir / "again" / "experiment_state.json") << saved;
+  grid_book<> again({}, {}, {}, {.metric = "score"}, dir / "again", 1);
+  again.start(three);
+  CHECK(statuses(again) == std::vector<std::string>{"TERMINATED", "PENDING"});
+  CHECK(id_of(again.assignment()) == "trial_00001");
+  CHECK(id_of(again.reservation()) == "trial_00002");
 
   auto const waits = [&](auto& other, std::string const& why, cohort::space const& space = three) {
     INFO(why);
     other.start(space);
     CHECK(id_of(other.assignment()) == "trial_00000");
-    other.finishing("trial_00000");
-    CHECK_FALSE(other.assignment());
+    CHECK_FALSE(other.reservation());
     other.on_complete(complete("trial_00000"));
     CHECK(id_of(other.assignment()) == "trial_00001");
   };

@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -102,10 +103,10 @@ class coordinator {
         if (st.MPI_TAG == request_tag) on_request(group, msg);
         else if (st.MPI_TAG == result_tag && !asked) on_quiet_result(msg);
         else if (st.MPI_TAG == result_tag) on_result(group, std::move(msg));
-        else if (st.MPI_TAG == complete_tag) on_complete(msg);
+        else if (st.MPI_TAG == complete_tag) on_complete(group, msg);
       } catch (std::exception const& e) {  // a broken invariant of the tuner itself: end the experiment cleanly
         book_.fail(std::string("the tuner's coordinator failed: ") + e.what());
-        if (asked) deliver(group, {{"what", "stop"}});  // a quiet result's trial is told at its next asked one
+        if (asked) send_json(comm_, leaders_[group], reply_tag, {{"what", "stop"}});  // a quiet result's trial: at its next asked one
         serve_waiting();
       }
     }
@@ -165,7 +166,7 @@ class coordinator {
   /// Rank 0's own group: a trial ended.
   void local_complete(nlohmann::json const& msg) {
     std::lock_guard lock(mutex_);
-    on_complete(msg);
+    on_complete(0, msg);
   }
 
   /// After wait_ended(), on rank 0: every trial, in creation order, their histories moved out of
@@ -193,13 +194,14 @@ class coordinator {
     return 0;
   }
 
-  void deliver(std::size_t group, nlohmann::json const& reply) {
-    if (reply.contains("done")) ++groups_done_;
+  /// Hands `group` the answer to its request: a trial, or {"done": true}.
+  void deliver(std::size_t group, nlohmann::json const& assignment) {
+    if (assignment.contains("done")) ++groups_done_;
     if (leaders_[group] == 0) {
-      local_reply_ = reply;
+      local_reply_ = assignment;
       cv_.notify_all();
     } else {
-      send_json(comm_, leaders_[group], reply_tag, reply);
+      send_json(comm_, leaders_[group], assignment_tag, assignment);
     }
   }
 
@@ -216,17 +218,24 @@ class coordinator {
     return a;
   }
 
-  /// A group asks for its next trial: {} or, as its trial's training ended and before that
-  /// trial's completion, {"finishing": trial id} (trial_book::finishing).
+  /// A group asks for its next trial: {} when it has none, or {"ahead": trial id} as it starts
+  /// that trial. Asked ahead, it gets a trial reserved for it at once where the book can tell
+  /// (trial_book::reservation); else its request waits for that trial's completion.
   void on_request(std::size_t group, nlohmann::json const& request) {
-    if (auto it = request.find("finishing"); it != request.end()) book_.finishing(it->get<std::string>());
+    if (auto it = request.find("ahead"); it != request.end()) {
+      book_.started(it->get<std::string>());
+      auto r = book_.reservation();
+      if (!r) return void(ahead_.insert(group));
+      name_quiet_span(*r, r->at("trial_id"));
+      return deliver(group, *r);
+    }
     if (auto a = assignment()) deliver(group, *a);
     else waiting_.push_back(group);
   }
 
   /// A group's result: answered at once, or under tune_config::reproducible held until its turn.
   void on_result(std::size_t group, nlohmann::json msg) {
-    if (!cfg_.reproducible) return deliver(group, answer(std::move(msg)));
+    if (!cfg_.reproducible) return send_json(comm_, leaders_[group], reply_tag, answer(std::move(msg)));
     auto id = msg.at("trial_id").get<std::string>();
     auto const n = trial_number(id).value_or(0);
     held_by_[std::move(id)] = group;
@@ -285,10 +294,12 @@ class coordinator {
     }
   }
 
-  void on_complete(nlohmann::json const& msg) {
+  /// `group`'s trial ended; its request ahead, if it is waiting, now waits as any other.
+  void on_complete(std::size_t group, nlohmann::json const& msg) {
     owed_.erase(msg.at("trial_id").get<std::string>());  // the trial ended before its next asked result
     book_.on_complete(msg);
     answer_released();  // a trial that ended no longer holds the later ones back
+    if (ahead_.erase(group)) waiting_.push_back(group);
     serve_waiting();
   }
 
@@ -379,6 +390,7 @@ class coordinator {
   held_results held_;  ///< tune_config::reproducible: results held for their turn (trial_book::turn_of)
   std::map<std::string, nlohmann::json> owed_;  ///< decisions on quiet results, for the trial's next asked one
   std::deque<std::size_t> waiting_;  ///< groups that asked for a trial while none was free
+  std::set<std::size_t> ahead_;      ///< groups that asked ahead and got no reservation: served once their trial ends
   std::size_t groups_done_ = 0;
   bool ended_ = false;  ///< serve() has taken the last state: the book is rank 0's main thread's
   std::chrono::steady_clock::time_point last_table_ = std::chrono::steady_clock::now(), last_state_ = last_table_;

@@ -28,9 +28,10 @@
 namespace cohort::tuning::detail {
 
 /// Message tags between group leaders and the coordinator (on a duplicate of MPI_COMM_WORLD).
-/// Every request and result is answered with one reply_tag message, except quiet results
-/// (quiet_results), which are not answered.
-enum tag : int { request_tag = 1, result_tag = 2, complete_tag = 3, reply_tag = 11 };
+/// Every result is answered with one reply_tag message, except quiet results (quiet_results),
+/// which are not answered; every request with one assignment_tag message, which may come while
+/// the group's trial runs (a request ahead: trial_book::reservation).
+enum tag : int { request_tag = 1, result_tag = 2, complete_tag = 3, reply_tag = 11, assignment_tag = 12 };
 
 /// Sends `j` as MessagePack (nlohmann::json::to_msgpack: half the time of JSON text to write,
 /// two thirds to read; a result is one message) to `dest` with `tag`.

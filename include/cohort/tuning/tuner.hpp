@@ -245,7 +245,9 @@ class tuner {
     trial_run.verbose = run.verbose >= 2 ? 1 : 0;
     std::optional<cohort::detail::trainer::run_comms> comms;  // the trainer's, kept while trials end cleanly
     cohort::report::file_writer files;  // the leader's trials' files, written beside their training
-    // The leader asks for its next trial; as a trial's training ends, before its files settle.
+    // The leader asks for a trial when it has none, then for the next one as each trial starts
+    // (ahead): the coordinator answers at once where it can reserve one (trial_book::reservation),
+    // else once the trial has ended, and the answer waits for the leader here.
     auto const ask = [&](nlohmann::json const& request) {
       if (rank == 0) return coord->local_ask(request);
       tuning::detail::send_json(comm, 0, tuning::detail::request_tag, request);
@@ -255,7 +257,8 @@ class tuner {
       std::string text;
       if (leader) {
         if (!std::exchange(asked, false)) ask(nlohmann::json::object());
-        text = rank == 0 ? coord->local_answer().dump() : tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag).dump();
+        text = rank == 0 ? coord->local_answer().dump()
+                         : tuning::detail::recv_json(comm, 0, tuning::detail::assignment_tag).dump();
       }
       // The leader waits for the coordinator as long as other trials run: no deadline on this one.
       group.set_options({.timeout_ms = 0, .name = "trial group"});
@@ -265,16 +268,11 @@ class tuner {
       auto const id = assignment.at("trial_id").get<std::string>();
       trial_run.name = id;
       trial_run.resume_from_checkpoint = assignment.value("restore_from", std::string{});
-      auto r = run_trial(coord, assignment, trial_run, comm, group, comms, files, rank);
-      // A trial that ended as it should asks for the next one now: the coordinator answers
-      // while its files are written, where the next trial does not depend on its completion
-      // (trial_book::finishing). The completion follows once the files are written: the trial
-      // ends with them, or fails with the cause.
-      if (leader && !r.error && !r.preempted && r.stopped.value_or("stop") == "stop") {
-        ask({{"finishing", id}});
+      if (leader) {
+        ask({{"ahead", id}});
         asked = true;
       }
-      if (auto failure = files.settle(); failure && !r.error) r.error = *failure;
+      auto r = run_trial(coord, assignment, trial_run, comm, group, comms, files, rank);
       if (leader) {
         nlohmann::json msg{{"trial_id", id},
                            {"outcome", r.preempted ? "preempted" : r.error ? "error" : r.stopped.value_or("finished")}};
@@ -298,8 +296,8 @@ class tuner {
   /// stays pending); the trainer's own guard handles signals during the trial. The trainer runs
   /// on `comms`, split from `group` when empty and emptied after a trial that failed (a failure
   /// may leave messages unreceived), the same on every rank of the group as the trial's outcome is.
-  /// The group's leader writes the trial's files on `files`, which may still be being written
-  /// when this returns (run_trials settles them).
+  /// The group's leader writes the trial's files on `files`; the trial ends once they are written
+  /// (an error if they could not be).
   cohort::result<void> run_trial(std::optional<coordinator_type>& coord, nlohmann::json const& assignment,
                                  run_config const& trial_run, MPI_Comm comm, comm::mpi& group,
                                  std::optional<cohort::detail::trainer::run_comms>& comms,
@@ -339,6 +337,7 @@ class tuner {
     if (!batch.empty()) sends.send(comm, 0, tuning::detail::result_tag, batch.take(trial_run.name));
     sends.wait();
     if (run_result.error || run_result.preempted) comms.reset();
+    if (auto failure = files.settle(); failure && !run_result.error) run_result.error = *failure;
     r.preempted = run_result.preempted;
     r.error = run_result.error;
     r.stopped = run_result.stopped;
