@@ -67,9 +67,10 @@ inline nlohmann::json recv_json(MPI_Comm comm, int source, int tag, MPI_Status* 
   return nlohmann::json::from_msgpack(bytes);
 }
 
-/// A group leader's quiet results in flight: each one's bytes kept until its MPI_Isend completes.
-/// A send that waits for the receiver (shared memory has a few fragments per peer) does not spin
-/// in MPI_Send: that would take a core from the coordinator thread that is to receive it.
+/// Messages in flight, each one's bytes kept until its MPI_Isend completes: a group leader's
+/// quiet results, and the coordinator's assignments (a reservation reaches a leader that is
+/// training). A send that waits for the receiver (shared memory has a few fragments per peer)
+/// does not spin in MPI_Send: that would take a core from the thread that is to receive it.
 class quiet_sends {
  public:
   quiet_sends() = default;
