@@ -88,6 +88,68 @@ TEST_CASE("the book runs at most `concurrent` trials, hands out the rest as tria
   CHECK(book.outcome().empty());
 }
 
+TEST_CASE("a group asking ahead gets its next trial reserved while its trial runs, where nothing depends on it", "[tuning][pure]") {
+  // Catches: no reservation where the next trial cannot depend on a completion (the group then
+  // waits for the coordinator as each trial ends), one where it can (a searcher that learns,
+  // tune_config.reproducible, max_concurrent_trials, a scheduler that pauses), a reserved trial
+  // counted as running (its place taken twice) or started twice, "done" before the last
+  // trial ended, or a reserved trial lost when the experiment is interrupted before it starts.
+  auto const dir = fresh("book_reservation");
+  std::string saved;
+  {
+    grid_book<> book({}, {}, {}, {.metric = "score"}, dir, 1);
+    book.start(three);
+    CHECK(id_of(book.assignment()) == "trial_00000");
+    auto reserved = book.reservation();
+    CHECK(id_of(reserved) == "trial_00001");
+    CHECK(reserved->value("reserved", false));
+    CHECK(reserved->at("config") == json{{"a", 2}});
+    CHECK(statuses(book) == std::vector<std::string>{"RUNNING", "PENDING"});
+    CHECK_FALSE(book.assignment());  // one group, its trial running: the reserved one is not handed out again
+    book.on_complete(complete("trial_00000"));
+    saved = book.state().text();  // the job stops here: trial_00001 reserved, not started
+    book.started("trial_00001");
+    book.started("trial_00001");
+    CHECK(statuses(book) == std::vector<std::string>{"TERMINATED", "RUNNING"});
+    CHECK(id_of(book.reservation()) == "trial_00002");
+    CHECK_FALSE(book.reservation());  // the grid is exhausted
+    book.on_complete(complete("trial_00001"));
+    book.started("trial_00002");
+    CHECK_FALSE(book.reservation());
+    CHECK_FALSE(book.assignment());  // trial_00002 still runs: not done yet
+    book.on_complete(complete("trial_00002"));
+    CHECK(done(book.assignment()));
+    CHECK(statuses(book) == std::vector<std::string>{"TERMINATED", "TERMINATED", "TERMINATED"});
+  }
+  std::filesystem::create_directories(dir / "again");
+  std::ofstream(dir / "again" / "experiment_state.json") << saved;
+  grid_book<> again({}, {}, {}, {.metric = "score"}, dir / "again", 1);
+  again.start(three);
+  CHECK(statuses(again) == std::vector<std::string>{"TERMINATED", "PENDING"});
+  CHECK(id_of(again.assignment()) == "trial_00001");
+  CHECK(id_of(again.reservation()) == "trial_00002");
+
+  auto const waits = [&](auto& other, std::string const& why, cohort::space const& space = three) {
+    INFO(why);
+    other.start(space);
+    CHECK(id_of(other.assignment()) == "trial_00000");
+    CHECK_FALSE(other.reservation());
+    other.on_complete(complete("trial_00000"));
+    CHECK(id_of(other.assignment()) == "trial_00001");
+  };
+  cohort::tuning::detail::trial_book<search::tpe, schedule::fifo, std::tuple<>> tpe(
+      {}, {}, {}, {.metric = "score", .num_samples = 3}, dir / "tpe", 1);
+  waits(tpe, "a searcher that learns from completions", {{"a", cohort::choice({1, 2, 3})}});
+  grid_book<> reproducible({}, {}, {}, {.metric = "score", .reproducible = true}, dir / "reproducible", 1);
+  waits(reproducible, "reproducible");
+  grid_book<> limited({}, {}, {}, {.metric = "score", .max_concurrent_trials = 1}, dir / "limited", 1);
+  waits(limited, "max_concurrent_trials");
+  cohort::tuning::detail::trial_book<search::basic, schedule::pbt, std::tuple<>> pbt(
+      {}, {.hyperparam_mutations = {{"a", schedule::mutation::range{.low = 0.0, .high = 4.0}}}}, {}, {.metric = "score"},
+      dir / "pbt", 1);
+  waits(pbt, "a scheduler that pauses and exploits");
+}
+
 TEST_CASE("the book's state, read back by a new book, resumes running trials first under the same ids", "[tuning][pure]") {
   // Catches: a resumed experiment that starts trials afresh, loses one that was running, starts
   // over a trial begun after the last state write whose directory has its config (its rows and

@@ -125,6 +125,27 @@ TEST_CASE("a grid search runs every trial once, spread over the groups", "[tunin
   }
 }
 
+TEST_CASE("as many trials as groups: every group runs one, none reserved ahead for a group already busy", "[tuning][mpi]") {
+  // Catches: a group that asks ahead as its first trial starts getting the next trial reserved
+  // before another group has asked for any (that group would sit idle: here each trial waits,
+  // up to 60 s, for every group to hold one).
+  auto const storage = cohort_test::scratch("tune_one_each");
+  auto const rendezvous = storage / "rendezvous";
+  if (world_rank() == 0) std::filesystem::create_directories(rendezvous);
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::vector<nlohmann::json> xs;
+  for (int i = 0; i < world_size(); ++i) xs.push_back(double(i));
+  cohort::tuner tuner{quadratic{.iterations = 1, .sleep_ms = 1, .rendezvous = rendezvous, .groups = world_size()},
+                      cohort::tune_config{.metric = "score", .mode = cohort::max, .status_interval_s = 1e9}};
+  auto grid = tuner.fit(cohort::space{{"x", cohort::grid_search(xs)}, {"y", 0.0}},
+                        {.name = "one_each", .storage_path = storage.string(), .verbose = 0});
+  REQUIRE(grid.ok());
+  REQUIRE(grid.size() == static_cast<std::size_t>(world_size()));
+  std::set<int> leaders;
+  for (auto const& t : grid.trials) leaders.insert(t.metrics.at("rank").get<int>());
+  CHECK(leaders.size() == static_cast<std::size_t>(world_size()));
+}
+
 TEST_CASE("a functor's returned JSON object is its trial's final result, as in Ray Tune", "[tuning][mpi]") {
   auto const storage = cohort_test::scratch("tune_return");
   // One report along the way, then the final figures returned (Ray's `return {"acc": acc}`).

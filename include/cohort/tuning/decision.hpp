@@ -47,6 +47,14 @@ struct proceed_span {
   double below = std::numeric_limits<double>::infinity();
 };
 
+/// Whether a searcher's next suggestion, or which trial a scheduler lets run next, is the same
+/// whenever a running trial's completion arrives. A policy says so with `static constexpr bool
+/// next_independent_of_completions = true;`: search::basic (its suggestions learn nothing), and
+/// schedule::fifo and asha (they never pause or exploit a trial, so the next trial is the
+/// searcher's). Without it, a policy is taken to depend on completions.
+template <class P>
+inline constexpr bool independent_of_completions = requires { requires P::next_independent_of_completions; };
+
 /// A synchronous scheduler's decisions about trials other than the one reporting (HyperBand at a
 /// milestone, synchronous PBT at a perturbation point): paused trials to resume, to stop, and to
 /// restart from a donor's checkpoint with a new config (trial id, its `exploit` decision). A trial

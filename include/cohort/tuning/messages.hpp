@@ -28,9 +28,10 @@
 namespace cohort::tuning::detail {
 
 /// Message tags between group leaders and the coordinator (on a duplicate of MPI_COMM_WORLD).
-/// Every request and result is answered with one reply_tag message, except quiet results
-/// (quiet_results), which are not answered.
-enum tag : int { request_tag = 1, result_tag = 2, complete_tag = 3, reply_tag = 11 };
+/// Every result is answered with one reply_tag message, except quiet results (quiet_results),
+/// which are not answered; every request with one assignment_tag message, which may come while
+/// the group's trial runs (a request ahead: trial_book::reservation).
+enum tag : int { request_tag = 1, result_tag = 2, complete_tag = 3, reply_tag = 11, assignment_tag = 12 };
 
 /// Sends `j` as MessagePack (nlohmann::json::to_msgpack: half the time of JSON text to write,
 /// two thirds to read; a result is one message) to `dest` with `tag`.
@@ -46,12 +47,16 @@ inline nlohmann::json recv_json(MPI_Comm comm, int source, int tag, MPI_Status* 
   MPI_Status st;
   // Polled, not MPI_Probe: Open MPI's blocking probe spins on a core, and a leader waiting for
   // the coordinator's answer would take that core from rank 0's coordinator thread, which has
-  // to run for the answer to come (bench_tune trials/N, results/N at 2 ranks on 2 cores).
+  // to run for the answer to come (bench_tune trials/N, results/N at 2 ranks on 2 cores). It
+  // yields for the first 200 us, which covers an answer the coordinator gives at once, then
+  // sleeps 20 us between polls: on a VM a 20 us sleep takes 50-70 us to wake from (bench_tune
+  // scale/N: the answer to a request for the next trial).
   int flag = 0;
+  auto const spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
   for (int polls = 0;; ++polls) {
     MPI_Iprobe(source, tag, comm, &flag, &st);
     if (flag) break;
-    if (polls < 20) std::this_thread::yield();
+    if (polls < 20 || std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
     else comm::detail::precise_sleep(std::chrono::microseconds(20));
   }
   int n = 0;
@@ -62,9 +67,10 @@ inline nlohmann::json recv_json(MPI_Comm comm, int source, int tag, MPI_Status* 
   return nlohmann::json::from_msgpack(bytes);
 }
 
-/// A group leader's quiet results in flight: each one's bytes kept until its MPI_Isend completes.
-/// A send that waits for the receiver (shared memory has a few fragments per peer) does not spin
-/// in MPI_Send: that would take a core from the coordinator thread that is to receive it.
+/// Messages in flight, each one's bytes kept until its MPI_Isend completes: a group leader's
+/// quiet results, and the coordinator's assignments (a reservation reaches a leader that is
+/// training). A send that waits for the receiver (shared memory has a few fragments per peer)
+/// does not spin in MPI_Send: that would take a core from the thread that is to receive it.
 class quiet_sends {
  public:
   quiet_sends() = default;

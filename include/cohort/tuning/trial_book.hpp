@@ -120,17 +120,36 @@ class trial_book {
       auto id = next_to_run();
       if (id && end_.fatal.empty()) {
         auto& t = roster_.at(*id);
-        roster_.run(t);
-        dirty_ = true;
-        if (!t.restore_from.empty() && !cohort::checkpointing::committed(exp_ / t.id).empty()) t.restore_from.clear();
-        if (callbacks_) callbacks_.start(t);
-        return nlohmann::json{
-            {"trial_id", t.id}, {"config", t.config}, {"restore_from", t.restore_from}, {"num_failures", t.failures}};
+        started(t);
+        return assignment_of(t);
       }
     }
     bool const more = end_.fatal.empty() && !end_.stopping && (!roster_.nothing_queued() || !roster_.nothing_paused() || !source_.exhausted());
     if (roster_.running() == 0 && !more) return nlohmann::json{{"done", true}};
     return std::nullopt;
+  }
+
+  /// The next trial for a group whose trial still runs, to start as soon as that one ends (the
+  /// group asks ahead as each trial starts), where what runs next cannot depend on a running
+  /// trial's completion (next_is_independent); it stays PENDING until its group starts it
+  /// (started). Nothing otherwise, or when there is no trial to run now: the group's request
+  /// then waits for its trial's completion, as any other.
+  std::optional<nlohmann::json> reservation() {
+    if (!next_is_independent() || !end_.fatal.empty() || end_.stopping || !end_.preempted.empty()) return std::nullopt;
+    auto id = next_to_run();
+    if (!id || !end_.fatal.empty()) return std::nullopt;
+    auto& t = roster_.at(*id);
+    reserved_.insert(t.id);
+    dirty_ = true;
+    auto a = assignment_of(t);
+    a["reserved"] = true;
+    return a;
+  }
+
+  /// A group started trial `id`, which reservation() gave it: RUNNING from now on. Nothing for a
+  /// trial that assignment() gave (already RUNNING).
+  void started(std::string const& id) {
+    if (reserved_.erase(id)) started(roster_.at(id));
   }
 
   /// Under tune_config::reproducible: whether trial number `n`'s result at iteration `level` may
@@ -300,6 +319,32 @@ class trial_book {
   nlohmann::json outcome() const { return end_.outcome(); }
 
  private:
+  /// Whether the next trial to run is the same whenever a running trial's completion comes:
+  /// search::basic (grid and random: its suggestions learn nothing), a scheduler that never
+  /// pauses or exploits (fifo, asha: a completion only updates what it compares results with),
+  /// one trial per group (no tune_config::max_concurrent_trials) and not tune_config::reproducible.
+  /// Then a group gets its next trial while its trial runs (reservation), and starts it without
+  /// asking the coordinator as the trial ends (bench_tune scale/N).
+  bool next_is_independent() const {
+    return independent_of_completions<Searcher> && independent_of_completions<Scheduler> && !cfg_.reproducible &&
+           cfg_.max_concurrent_trials == 0;
+  }
+
+  /// `t` starts on a group: RUNNING, and the callbacks told.
+  void started(trial_state& t) {
+    roster_.run(t);
+    dirty_ = true;
+    if (callbacks_) callbacks_.start(t);
+  }
+
+  /// The message that hands `t` to a group (its restore_from cleared where the trial has
+  /// committed checkpoints of its own: it resumes from them).
+  nlohmann::json assignment_of(trial_state& t) const {
+    if (!t.restore_from.empty() && !cohort::checkpointing::committed(exp_ / t.id).empty()) t.restore_from.clear();
+    return nlohmann::json{
+        {"trial_id", t.id}, {"config", t.config}, {"restore_from", t.restore_from}, {"num_failures", t.failures}};
+  }
+
   /// The trial to start next: a queued one, else a new one from the searcher, else (the searcher
   /// exhausted) a paused one. Nothing when there is none now.
   std::optional<std::string> next_to_run() {
@@ -396,6 +441,7 @@ class trial_book {
   tune_config cfg_;
   std::filesystem::path exp_;
   std::size_t concurrent_;
+  std::set<std::string> reserved_;  ///< trials given to a group ahead (reservation), not started yet
   trial_roster roster_;
   trial_restarts restarts_;  ///< PBT's exploits, the scheduler's decisions about paused trials
   std::set<std::string> failed_by_tuner_;  ///< trials the scheduler failed on: their error is not retried

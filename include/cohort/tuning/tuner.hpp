@@ -245,15 +245,20 @@ class tuner {
     trial_run.verbose = run.verbose >= 2 ? 1 : 0;
     std::optional<cohort::detail::trainer::run_comms> comms;  // the trainer's, kept while trials end cleanly
     cohort::report::file_writer files;  // the leader's trials' files, written beside their training
+    // The leader asks for a trial when it has none, then for the next one as each trial starts
+    // (ahead): the coordinator answers at once where it can reserve one (trial_book::reservation),
+    // else once the trial has ended, and the answer waits for the leader here.
+    auto const ask = [&](nlohmann::json const& request) {
+      if (rank == 0) return coord->local_ask(request);
+      tuning::detail::send_json(comm, 0, tuning::detail::request_tag, request);
+    };
+    bool asked = false;
     for (;;) {
       std::string text;
       if (leader) {
-        if (rank == 0) {
-          text = coord->local_request().dump();
-        } else {
-          tuning::detail::send_json(comm, 0, tuning::detail::request_tag, nlohmann::json::object());
-          text = tuning::detail::recv_json(comm, 0, tuning::detail::reply_tag).dump();
-        }
+        if (!std::exchange(asked, false)) ask(nlohmann::json::object());
+        text = rank == 0 ? coord->local_answer().dump()
+                         : tuning::detail::recv_json(comm, 0, tuning::detail::assignment_tag).dump();
       }
       // The leader waits for the coordinator as long as other trials run: no deadline on this one.
       group.set_options({.timeout_ms = 0, .name = "trial group"});
@@ -263,6 +268,10 @@ class tuner {
       auto const id = assignment.at("trial_id").get<std::string>();
       trial_run.name = id;
       trial_run.resume_from_checkpoint = assignment.value("restore_from", std::string{});
+      if (leader) {
+        ask({{"ahead", id}});
+        asked = true;
+      }
       auto r = run_trial(coord, assignment, trial_run, comm, group, comms, files, rank);
       if (leader) {
         nlohmann::json msg{{"trial_id", id},

@@ -47,6 +47,8 @@ struct asha_state {
 /// Preconditions, checked by `setup`: max_t > 0, 0 < grace_period <= max_t, reduction_factor > 1,
 /// brackets >= 1, a metric here or in the objective.
 struct asha {
+  /// What runs next does not wait for completions (tuning::independent_of_completions).
+  static constexpr bool next_independent_of_completions = true;
   std::string time_attr = "training_iteration";  ///< the result key that measures progress (monotone)
   std::string metric{};                          ///< empty: the objective's metric
   std::optional<cohort::order> mode{};           ///< unset: the objective's mode

@@ -10,6 +10,8 @@ namespace cohort::tuning::schedule {
 
 /// First in, first out: every trial runs to its end (Ray's FIFOScheduler, the default).
 struct fifo {
+  /// What runs next does not wait for completions (tuning::independent_of_completions).
+  static constexpr bool next_independent_of_completions = true;
   /// Nothing to set up.
   void setup(tuning::objective const&) {}
   /// Nothing to track.

@@ -84,6 +84,8 @@ struct basic_state {
 /// Then suggest returns nothing. Variant i draws from an engine seeded by (seed, i), so the
 /// configs depend only on the seed and the space; it ignores results.
 struct basic {
+  /// What runs next does not wait for completions (tuning::independent_of_completions).
+  static constexpr bool next_independent_of_completions = true;
   std::uint64_t seed = 0;  ///< same seed and space, same configs
 
   /// Keeps a copy of the space; the objective is not needed.
