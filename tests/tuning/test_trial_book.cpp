@@ -150,6 +150,35 @@ TEST_CASE("a group asking ahead gets its next trial reserved while its trial run
   waits(pbt, "a scheduler that pauses and exploits");
 }
 
+TEST_CASE("a reserved trial's start is told from where it stood when reserved, not from checkpoints it wrote since", "[tuning][pure]") {
+  // Catches: the start event's restore point looked up when the group tells of the start (the
+  // coordinator may hear of it late, after the trial committed checkpoints: "restored from
+  // checkpoint_000004" for a trial that started from scratch), or a restore point missed.
+  auto const dir = fresh("book_reserved_start");
+  std::vector<std::pair<std::string, std::string>> starts;  // (trial, restored from)
+  {
+    cohort::report::callback_runner runner([&](cohort::report::callback_record const& e, cohort::report::trial_info const&) {
+      if (e.what == cohort::report::callback_event::trial_start) starts.emplace_back(e.trial, e.path.filename().string());
+    });
+    grid_book<> book({}, {}, {}, {.metric = "score"}, dir, 1);
+    book.set_callbacks(&runner);
+    book.start(three);
+    CHECK(id_of(book.assignment()) == "trial_00000");
+    CHECK(id_of(book.reservation()) == "trial_00001");
+    book.on_complete(complete("trial_00000"));
+    std::filesystem::create_directories(dir / "trial_00001" / "checkpoint_000004");  // written before its start is heard of
+    book.started("trial_00001");
+    std::filesystem::create_directories(dir / "trial_00002" / "checkpoint_000002");  // a trial that goes on from its own
+    CHECK(id_of(book.reservation()) == "trial_00002");
+    std::filesystem::create_directories(dir / "trial_00002" / "checkpoint_000003");
+    book.on_complete(complete("trial_00001"));
+    book.started("trial_00002");
+    runner.finish();
+  }
+  using start = std::pair<std::string, std::string>;
+  CHECK(starts == std::vector<start>{{"trial_00000", ""}, {"trial_00001", ""}, {"trial_00002", "checkpoint_000002"}});
+}
+
 TEST_CASE("the book's state, read back by a new book, resumes running trials first under the same ids", "[tuning][pure]") {
   // Catches: a resumed experiment that starts trials afresh, loses one that was running, starts
   // over a trial begun after the last state write whose directory has its config (its rows and

@@ -120,8 +120,9 @@ class trial_book {
       auto id = next_to_run();
       if (id && end_.fatal.empty()) {
         auto& t = roster_.at(*id);
-        started(t);
-        return assignment_of(t);
+        auto a = assignment_of(t);
+        started(t, callbacks_ ? callbacks_.start_point(t) : std::filesystem::path{});
+        return a;
       }
     }
     bool const more = end_.fatal.empty() && !end_.stopping && (!roster_.nothing_queued() || !roster_.nothing_paused() || !source_.exhausted());
@@ -139,17 +140,19 @@ class trial_book {
     auto id = next_to_run();
     if (!id || !end_.fatal.empty()) return std::nullopt;
     auto& t = roster_.at(*id);
-    reserved_.insert(t.id);
     dirty_ = true;
     auto a = assignment_of(t);
     a["reserved"] = true;
+    // Where it starts from is as it is now: by the time its group tells of its start, the trial
+    // may have committed checkpoints of its own.
+    reserved_.emplace(t.id, callbacks_ ? callbacks_.start_point(t) : std::filesystem::path{});
     return a;
   }
 
   /// A group started trial `id`, which reservation() gave it: RUNNING from now on. Nothing for a
   /// trial that assignment() gave (already RUNNING).
   void started(std::string const& id) {
-    if (reserved_.erase(id)) started(roster_.at(id));
+    if (auto r = reserved_.extract(id)) started(roster_.at(id), r.mapped());
   }
 
   /// Under tune_config::reproducible: whether trial number `n`'s result at iteration `level` may
@@ -330,11 +333,12 @@ class trial_book {
            cfg_.max_concurrent_trials == 0;
   }
 
-  /// `t` starts on a group: RUNNING, and the callbacks told.
-  void started(trial_state& t) {
+  /// `t` starts on a group from checkpoint `from` (empty: from scratch): RUNNING, and the
+  /// callbacks told.
+  void started(trial_state& t, std::filesystem::path const& from) {
     roster_.run(t);
     dirty_ = true;
-    if (callbacks_) callbacks_.start(t);
+    if (callbacks_) callbacks_.start(t, from);
   }
 
   /// The message that hands `t` to a group (its restore_from cleared where the trial has
@@ -441,7 +445,9 @@ class trial_book {
   tune_config cfg_;
   std::filesystem::path exp_;
   std::size_t concurrent_;
-  std::set<std::string> reserved_;  ///< trials given to a group ahead (reservation), not started yet
+  /// Trials given to a group ahead (reservation), not started yet, each with the checkpoint it
+  /// starts from (trial_callbacks::start_point when it was given).
+  std::map<std::string, std::filesystem::path> reserved_;
   trial_roster roster_;
   trial_restarts restarts_;  ///< PBT's exploits, the scheduler's decisions about paused trials
   std::set<std::string> failed_by_tuner_;  ///< trials the scheduler failed on: their error is not retried

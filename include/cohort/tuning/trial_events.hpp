@@ -123,13 +123,17 @@ struct trial_callbacks {
 
   explicit operator bool() const { return runner != nullptr; }
 
-  /// The trial starts, or goes on from a checkpoint (its own latest, or a donor's copy).
-  void start(trial_state const& t) const {
-    std::filesystem::path from = t.restore_from;
-    if (from.empty()) {
-      auto kept = cohort::checkpointing::committed(exp / t.id);
-      if (!kept.empty()) from = kept.back();
-    }
+  /// The checkpoint `t` would go on from if it started now: a donor's copy (restore_from), else
+  /// its own latest committed one; empty for none (it starts from scratch).
+  std::filesystem::path start_point(trial_state const& t) const {
+    if (!t.restore_from.empty()) return t.restore_from;
+    auto kept = cohort::checkpointing::committed(exp / t.id);
+    return kept.empty() ? std::filesystem::path{} : kept.back();
+  }
+
+  /// The trial starts, or goes on from checkpoint `from` (start_point, taken when the trial was
+  /// handed to its group; empty: from scratch).
+  void start(trial_state const& t, std::filesystem::path const& from) const {
     runner->trial_start({.id = t.id, .config = t.config, .path = exp / t.id}, from);
   }
 
