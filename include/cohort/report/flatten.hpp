@@ -13,23 +13,39 @@ namespace cohort::report {
 /// A flattened row: ("outer/inner" key, leaf value) pairs.
 using flat_row = std::vector<std::pair<std::string, nlohmann::json>>;
 
+namespace detail {
+template <class F>
+void visit_leaves(nlohmann::json const& j, std::string& key, F& f) {
+  if (!j.is_object()) {
+    f(std::as_const(key), j);
+    return;
+  }
+  auto const n = key.size();
+  for (auto const& [k, v] : j.get_ref<nlohmann::json::object_t const&>()) {
+    if (n > 0) key += '/';
+    key += k;
+    if (v.is_object() && !v.empty()) visit_leaves(v, key, f);
+    else f(std::as_const(key), v);
+    key.resize(n);
+  }
+}
+}  // namespace detail
+
+/// Pure: calls `f(key, value)` for each leaf of `j`, as flatten() lists them, without copying:
+/// `key` (std::string const&) lives until f returns, `value` as long as `j`.
+template <class F>
+void for_each_leaf(nlohmann::json const& j, F&& f) {
+  std::string key;
+  detail::visit_leaves(j, key, f);
+}
+
 /// Pure: nested objects become "outer/inner" keys, in the object's (sorted) key order; arrays and
 /// scalars are leaves.
 inline flat_row flatten(nlohmann::json const& j, std::string const& prefix = {}) {
   flat_row out;
-  if (!j.is_object()) {
-    out.emplace_back(prefix, j);
-    return out;
-  }
-  for (auto const& [k, v] : j.items()) {
-    auto key = prefix.empty() ? k : prefix + "/" + k;
-    if (v.is_object() && !v.empty()) {
-      auto sub = flatten(v, key);
-      out.insert(out.end(), sub.begin(), sub.end());
-    } else {
-      out.emplace_back(key, v);
-    }
-  }
+  std::string key = prefix;
+  auto add = [&](std::string const& k, nlohmann::json const& v) { out.emplace_back(k, v); };
+  detail::visit_leaves(j, key, add);
   return out;
 }
 

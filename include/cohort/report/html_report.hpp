@@ -87,11 +87,7 @@ inline char const* colour_of(std::size_t i) {
   return palette[i % 10];
 }
 
-inline std::string number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.4g", v);
-  return buf;
-}
+inline std::string number(double v) { return general(v, 4); }
 
 /// One metric's plot: a polyline per trial through its finite (iteration, value) points.
 inline std::string svg_plot(std::string const& metric, std::vector<std::vector<std::pair<double, double>>> const& lines,
@@ -163,21 +159,20 @@ inline std::string svg_parallel(std::vector<trial_row> const& trials, std::strin
   std::vector<axis> axes;
   std::map<std::string, std::size_t> axis_of;
   for (std::size_t t = 0; t < trials.size(); ++t)
-    for (auto const& [k, v] : flatten(trials[t].config)) {
+    for_each_leaf(trials[t].config, [&](std::string const& k, nlohmann::json const& v) {
       auto [it, fresh] = axis_of.emplace(k, axes.size());
       if (fresh) axes.emplace_back(k, trials.size());
       axes[it->second].values[t] = v;
-    }
+    });
   axis m(metric, trials.size());
   std::vector<bool> drawn(trials.size(), false);
-  for (std::size_t t = 0; t < trials.size(); ++t) {
-    auto last = flat_map(trials[t].last);
-    auto it = last.find(metric);
-    if (it != last.end() && it->second.is_number() && std::isfinite(it->second.get<double>())) {
-      m.values[t] = it->second;
-      drawn[t] = true;
-    }
-  }
+  for (std::size_t t = 0; t < trials.size(); ++t)
+    for_each_leaf(trials[t].last, [&](std::string const& k, nlohmann::json const& v) {
+      if (k == metric && v.is_number() && std::isfinite(v.get<double>())) {
+        m.values[t] = v;
+        drawn[t] = true;
+      }
+    });
   if (std::none_of(drawn.begin(), drawn.end(), [](bool d) { return d; })) return "";
   std::erase_if(axes, [&](axis const& a) {  // the same in every drawn trial: nothing to compare
     std::optional<nlohmann::json> first;
@@ -278,8 +273,7 @@ inline std::string experiment_html(std::vector<trial_row> const& trials, std::ve
     bool const is_best = best && best->first == r;
     page += is_best ? "<tr class=\"best\">" : "<tr>";
     for (std::size_t c = 0; c < cells.columns.size(); ++c) {
-      auto const it = cells.rows[r].find(cells.columns[c]);
-      std::string text = it == cells.rows[r].end() ? "" : html_escape(it->second);
+      std::string text = html_escape(cells.cell(r, c));
       if (c == 0) text = "<span class=\"swatch\" style=\"background:" + std::string(detail::colour_of(r)) + "\"></span>" + text;
       if (c == 0 && is_best) text += " (best)";
       page += "<td>" + text + "</td>";
@@ -292,16 +286,15 @@ inline std::string experiment_html(std::vector<trial_row> const& trials, std::ve
   std::map<std::string, std::vector<std::vector<std::pair<double, double>>>> lines;  // metric -> trial -> points
   for (std::size_t t = 0; t < histories.size(); ++t)
     for (std::size_t const i : evenly_spaced(histories[t].size(), points_per_line(o))) {
-      auto const flat = flatten(histories[t][i]);
+      auto const& row = histories[t][i];
       double x = static_cast<double>(i + 1);
-      for (auto const& [k, v] : flat)
-        if (k == "training_iteration" && v.is_number()) x = v.get<double>();
-      for (auto const& [k, v] : flat) {
-        if (!v.is_number() || detail::bookkeeping_key(k)) continue;
+      if (auto it = row.find("training_iteration"); it != row.end() && it->is_number()) x = it->get<double>();
+      for_each_leaf(row, [&](std::string const& k, nlohmann::json const& v) {
+        if (!v.is_number() || detail::bookkeeping_key(k)) return;
         auto& per_trial = lines[k];
         per_trial.resize(histories.size());
         if (double const y = v.get<double>(); std::isfinite(x) && std::isfinite(y)) per_trial[t].emplace_back(x, y);
-      }
+      });
     }
   std::vector<std::string> order;  // the tuned metric first, then by name; counters left out
   if (lines.contains(o.metric)) order.push_back(o.metric);

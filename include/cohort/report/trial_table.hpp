@@ -4,11 +4,15 @@
 /// results_df): pure functions of the trial list, so they are tested without running anything.
 
 #include <algorithm>
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -32,13 +36,17 @@ struct trial_row {
 
 namespace detail {
 
+/// `v` as printf's %.<digits>g writes it (std::to_chars: the same text, without printf's cost).
+inline std::string general(double v, int digits) {
+  char buf[32];
+  auto const end = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::general, digits).ptr;
+  return std::string(buf, end);
+}
+
 inline std::string cell(nlohmann::json const& v) {
   if (v.is_null()) return "";
-  if (v.is_number_float()) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.5g", v.get<double>());
-    return buf;
-  }
+  if (v.is_number_float()) return general(v.get<double>(), 5);
+  if (v.is_number_integer()) return v.is_number_unsigned() ? std::to_string(v.get<std::uint64_t>()) : std::to_string(v.get<std::int64_t>());
   return v.is_string() ? v.get<std::string>() : v.dump();
 }
 
@@ -48,11 +56,19 @@ inline std::map<std::string, nlohmann::json> flat_map(nlohmann::json const& j) {
   return out;
 }
 
-inline std::string csv_cell(std::string s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
+/// Appends `s` to `out` as a CSV cell: as it is, or quoted where it holds a comma, a quote or a
+/// line break.
+inline void append_csv_cell(std::string& out, std::string_view s) {
+  if (s.find_first_of(",\"\n") == std::string_view::npos) {
+    out += s;
+    return;
+  }
+  out += '"';
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  out += '"';
 }
 
 }  // namespace detail
@@ -72,14 +88,13 @@ inline std::optional<std::pair<std::size_t, double>> best_trial(std::vector<tria
                                                                 cohort::order mode) {
   if (metric.empty()) return std::nullopt;
   std::optional<std::pair<std::size_t, double>> best;
-  for (std::size_t i = 0; i < trials.size(); ++i) {
-    auto last = detail::flat_map(trials[i].last);
-    auto it = last.find(metric);
-    if (it == last.end() || !it->second.is_number()) continue;
-    double const v = it->second.get<double>();
-    if (v != v) continue;  // NaN: never the best
-    if (!best || (mode == cohort::order::max ? v > best->second : v < best->second)) best = {i, v};
-  }
+  for (std::size_t i = 0; i < trials.size(); ++i)
+    for_each_leaf(trials[i].last, [&](std::string const& k, nlohmann::json const& value) {
+      if (k != metric || !value.is_number()) return;
+      double const v = value.get<double>();
+      if (v != v) return;  // NaN: never the best
+      if (!best || (mode == cohort::order::max ? v > best->second : v < best->second)) best = {i, v};
+    });
   return best;
 }
 
@@ -170,7 +185,12 @@ inline std::string trial_table(std::vector<trial_row> const& trials, double elap
 /// and of the HTML report's table. `columns` in first-seen order; a row lacks the keys it has not.
 struct trial_cells {
   std::vector<std::string> columns{"trial_id", "status"};
-  std::vector<std::map<std::string, std::string>> rows;
+  /// Per trial, its cells by column (rows[t][c] under columns[c]); a row shorter than columns
+  /// has no cell in the columns past its end.
+  std::vector<std::vector<std::string>> rows;
+
+  /// Trial `t`'s cell in column `c`, empty where it has none.
+  std::string_view cell(std::size_t t, std::size_t c) const { return c < rows[t].size() ? std::string_view(rows[t][c]) : std::string_view(); }
 };
 
 namespace detail {
@@ -182,19 +202,27 @@ inline trial_row const& row_ref(std::shared_ptr<trial_row const> const& r) { ret
 template <class Rows>
 trial_cells cells_of(Rows const& trials) {
   trial_cells out;
-  auto add = [&](std::map<std::string, std::string>& row, std::string const& k, std::string v) {
-    if (std::find(out.columns.begin(), out.columns.end(), k) == out.columns.end()) out.columns.push_back(k);
-    row[k] = std::move(v);
+  out.rows.reserve(trials.size());
+  std::unordered_map<std::string, std::size_t> column_of{{"trial_id", 0}, {"status", 1}};
+  auto add = [&](std::vector<std::string>& row, std::string const& k, std::string v) {
+    auto const [it, fresh] = column_of.try_emplace(k, out.columns.size());
+    if (fresh) out.columns.push_back(k);
+    if (row.size() <= it->second) row.resize(it->second + 1);
+    row[it->second] = std::move(v);
   };
+  std::string config_key = "config/";
   for (auto const& each : trials) {
     trial_row const& t = detail::row_ref(each);
-    std::map<std::string, std::string> row{{"trial_id", t.id}, {"status", t.status}};
-    for (auto const& [k, v] : flatten(t.last)) add(row, k, detail::cell(v));
-    for (auto const& [k, v] : flatten(t.config)) add(row, "config/" + k, detail::cell(v));
+    auto& row = out.rows.emplace_back(std::vector<std::string>{t.id, t.status});
+    row.reserve(out.columns.size());
+    for_each_leaf(t.last, [&](std::string const& k, nlohmann::json const& v) { add(row, k, detail::cell(v)); });
+    for_each_leaf(t.config, [&](std::string const& k, nlohmann::json const& v) {
+      config_key.resize(7);
+      add(row, config_key += k, detail::cell(v));
+    });
     add(row, "logdir", t.path);
     if (t.failures > 0) add(row, "num_failures", std::to_string(t.failures));
     if (!t.error.empty()) add(row, "error", t.error);
-    out.rows.push_back(std::move(row));
   }
   return out;
 }
@@ -207,13 +235,13 @@ std::string trials_csv(Rows const& trials) {
   std::string out;
   for (std::size_t i = 0; i < cells.columns.size(); ++i) {
     if (i) out += ',';
-    out += detail::csv_cell(cells.columns[i]);
+    detail::append_csv_cell(out, cells.columns[i]);
   }
   out += '\n';
-  for (auto const& row : cells.rows) {
+  for (std::size_t t = 0; t < cells.rows.size(); ++t) {
     for (std::size_t i = 0; i < cells.columns.size(); ++i) {
       if (i) out += ',';
-      if (auto it = row.find(cells.columns[i]); it != row.end()) out += detail::csv_cell(it->second);
+      detail::append_csv_cell(out, cells.cell(t, i));
     }
     out += '\n';
   }
