@@ -9,8 +9,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <sstream>
 #include <thread>
@@ -108,6 +110,40 @@ TEST_CASE("a file_writer runs a short run's jobs on the caller's thread and a lo
   std::this_thread::sleep_for(12ms);
   CHECK_FALSE(files.settle());
   CHECK(files.beside_training());
+}
+
+TEST_CASE("a file_writer's end_run tells a run's failure after its jobs without waiting, the next run keeping its own", "[report]") {
+  // Catches: end_run waiting for the run's files (a tuner's next trial would wait for them), a
+  // run's failure seen by the next run's reports (failing a trial for another's files), or lost.
+  using namespace std::chrono_literals;
+  cohort::report::file_writer files;
+  files.start([] { std::this_thread::sleep_for(12ms); });
+  REQUIRE_FALSE(files.settle());
+  REQUIRE(files.beside_training());
+  std::promise<void> go;
+  auto gate = go.get_future().share();
+  auto const first = files.run();
+  files.start([&] { files.fail("could not append to result.json: check free space"); });
+  files.start([gate] { gate.wait(); });  // the run's last files, held back
+  while (!files.failure_of(first)) std::this_thread::yield();
+  CHECK(files.failure() == "could not append to result.json: check free space");  // its own run's, at its next report
+  std::this_thread::sleep_for(12ms);
+  std::atomic<bool> ended{false};
+  std::optional<std::string> told;
+  files.end_run([&](std::optional<std::string> failure) {
+    told = std::move(failure);
+    ended = true;
+  });
+  CHECK_FALSE(ended.load());     // returned before the run's files were written
+  CHECK(files.run() == first + 1);
+  CHECK_FALSE(files.failure());  // the next run has none of its own
+  files.start([&] { files.fail("a failure of the next run"); });
+  go.set_value();
+  auto const next = files.settle();
+  CHECK(ended.load());
+  CHECK(told == "could not append to result.json: check free space");
+  CHECK(next == "a failure of the next run");
+  CHECK_FALSE(files.failure());
 }
 
 TEST_CASE("a recorder with a file_writer writes the run directory's files on it, all there once settled, and throws its failure at the next report", "[report]") {

@@ -12,6 +12,7 @@
 #include <ctime>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -43,24 +44,26 @@ inline bool files_beside_training(std::chrono::steady_clock::duration last_trial
 /// rank 0): the run directory's params.json, result.json and progress.csv, and its TensorBoard
 /// events. For trials long enough (files_beside_training), on one long-lived thread: the training
 /// thread hands each report's row over and goes on, so a trial's setup, reports and end do not
-/// wait for the disk; for short ones, on the caller's thread as the jobs are started. A failure
-/// is kept (the first since the last settle()) and taken by settle(), which the tuner calls after
-/// each trial: a trial ends once its files are written, or fails with the cause.
+/// wait for the disk; for short ones, on the caller's thread as the jobs are started. A run's
+/// failure (its first) is its own: end_run() hands it to what follows the run's jobs, and the
+/// next run starts meanwhile (a tuner's trial ends once its files are written, or fails with the
+/// cause; the next trial does not wait for that).
 class file_writer {
  public:
   file_writer() = default;
   file_writer(file_writer const&) = delete;
   file_writer& operator=(file_writer const&) = delete;
 
-  /// A run begins (its run directory opened): settle() times the run from here.
+  /// A run begins (its run directory opened): end_run() times the run from here.
   void begin_run() {
     if (!run_began_) run_began_ = std::chrono::steady_clock::now();
   }
   /// Runs `job` after the jobs started before it (on the thread, or here); what it throws is
-  /// kept as the run's failure (fail()).
+  /// kept as its run's failure (fail()).
   void start(std::function<void()> job) {
     begin_run();
-    auto guarded = [this, job = std::move(job)]() {
+    run_in_order([this, job = std::move(job), run = run_]() {
+      set_job_run(run);
       try {
         job();
       } catch (std::exception const& e) {
@@ -68,37 +71,80 @@ class file_writer {
       } catch (...) {
         fail("writing the run's files failed");
       }
-    };
-    if (beside_) worker_.start(std::move(guarded));
-    else guarded();
+      set_job_run(std::nullopt);
+    });
   }
   /// Blocks until every started job has returned.
   void wait() { worker_.wait(); }
-  /// From a job: `why` fails the run being written (only the first failure is kept).
+  /// `why` fails the run whose job calls it, or else the run being written (only the first
+  /// failure of a run is kept).
   void fail(std::string why) {
     std::lock_guard lock(mutex_);
-    if (!error_) error_ = std::move(why);
+    failures_.try_emplace(job_run_.value_or(run_), std::move(why));
   }
-  /// The failure kept, if any, without waiting (the training thread, at each report).
-  std::optional<std::string> failure() const {
+  /// The run's failure, if any, without waiting (the training thread, at each report).
+  std::optional<std::string> failure() const { return failure_of(run()); }
+  /// Run number `run`'s failure, if any (a job's, of its own run).
+  std::optional<std::string> failure_of(std::uint64_t run) const {
     std::lock_guard lock(mutex_);
-    return error_;
+    auto it = failures_.find(run);
+    return it == failures_.end() ? std::nullopt : std::optional<std::string>(it->second);
   }
-  /// After a run: waits for every job, chooses where the next run's files are written
-  /// (files_beside_training), and returns the failure kept since the last settle(), forgetting it.
-  std::optional<std::string> settle() {
-    worker_.wait();
+  /// The number of the run being written (a job started now belongs to it).
+  std::uint64_t run() const {
+    std::lock_guard lock(mutex_);
+    return run_;
+  }
+
+  /// After a run, without waiting for its files: chooses where the next run's files are written
+  /// (files_beside_training), and runs `then(failure)` after the run's jobs, on the thread where
+  /// they ran, with the run's failure, if any. Jobs started from here on are the next run's.
+  void end_run(std::function<void(std::optional<std::string>)> then) {
+    std::uint64_t const ended = run();
+    run_in_order([this, ended, then = std::move(then)]() {
+      std::optional<std::string> failure;
+      {
+        std::lock_guard lock(mutex_);
+        if (auto it = failures_.find(ended); it != failures_.end()) {
+          failure = std::move(it->second);
+          failures_.erase(it);
+        }
+      }
+      then(std::move(failure));
+    });
+    bool const was_beside = beside_;
     if (run_began_) beside_ = files_beside_training(std::chrono::steady_clock::now() - *run_began_);
     run_began_.reset();
-    std::lock_guard lock(mutex_);
-    return std::exchange(error_, std::nullopt);
+    {
+      std::lock_guard lock(mutex_);
+      ++run_;
+    }
+    if (was_beside && !beside_) worker_.wait();  // the next run's jobs here: after the thread's
+  }
+  /// end_run(), waiting for the run's files: their failure, if any.
+  std::optional<std::string> settle() {
+    std::optional<std::string> out;
+    end_run([&out](std::optional<std::string> failure) { out = std::move(failure); });
+    worker_.wait();
+    return out;
   }
   /// Whether jobs run on the thread now (else on the caller's).
   bool beside_training() const { return beside_; }
 
  private:
+  void run_in_order(std::function<void()> job) {
+    if (beside_) worker_.start(std::move(job));
+    else job();
+  }
+  void set_job_run(std::optional<std::uint64_t> run) {
+    std::lock_guard lock(mutex_);
+    job_run_ = run;
+  }
+
   mutable std::mutex mutex_;
-  std::optional<std::string> error_;
+  std::map<std::uint64_t, std::string> failures_;  ///< by run number: the first failure of each run not ended yet
+  std::uint64_t run_ = 0;                          ///< the run being written (its jobs' run number)
+  std::optional<std::uint64_t> job_run_;           ///< while a job runs: its run's number
   std::optional<std::chrono::steady_clock::time_point> run_began_;  ///< of the run being written
   bool beside_ = false;  ///< the first run's files on the caller's thread: nothing known yet
   cohort::detail::background_worker worker_{"cohort-files"};
@@ -314,9 +360,9 @@ class recorder {
   void hand_over(file_writer& files) {
     rows_handed_over_ = last_;
     if (rows_pending_.empty() && events_pending_.empty()) return;
-    files.start([&files, dir = dir_, events_file = events_, rows = std::move(rows_pending_),
+    files.start([&files, run = files.run(), dir = dir_, events_file = events_, rows = std::move(rows_pending_),
                  events = std::exchange(events_pending_, std::string{})]() mutable {
-      if (files.failure()) return;  // the run has failed: no row or event after the failure
+      if (files.failure_of(run)) return;  // the run has failed: no row or event after the failure
       for (auto const& r : rows) dir->append(r);
       if (!events.empty()) events_file->write(events);  // only events whose rows are written
     });

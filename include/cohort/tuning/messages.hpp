@@ -6,13 +6,16 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <deque>
+#include <exception>
 #include <iterator>
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <utility>
@@ -21,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cohort/comm/deadline.hpp"
+#include "cohort/report/recorder.hpp"
 #include "cohort/tuning/decision.hpp"
 #include "cohort/tuning/history_codec.hpp"
 #include "cohort/tuning/result_grid.hpp"
@@ -66,6 +70,49 @@ inline nlohmann::json recv_json(MPI_Comm comm, int source, int tag, MPI_Status* 
   if (status) *status = st;
   return nlohmann::json::from_msgpack(bytes);
 }
+
+/// A trial group leader's messages to the coordinator, sent in order with its trials' files
+/// (report::file_writer): on the files' thread while they are written beside training, else at
+/// once. A trial's completion goes once its files are written (end_run), and the next trial
+/// need not wait for that; its results wait() for the messages before them.
+class sent_in_order {
+ public:
+  /// Calls `send` after the files' jobs started before it.
+  template <class Send>
+  void start(report::file_writer& files, Send send) {
+    ++started_;
+    files.start([this, send = std::move(send)]() mutable { counted([&] { send(); }); });
+  }
+  /// files.end_run(): `then(failure)` once the run's files are written.
+  template <class Then>
+  void end_run(report::file_writer& files, Then then) {
+    ++started_;
+    files.end_run([this, then = std::move(then)](std::optional<std::string> failure) mutable {
+      counted([&] { then(failure); });
+    });
+  }
+  /// Returns once every message started has been sent; throws what a send threw.
+  void wait() {
+    for (auto n = sent_.load(); n < started_; n = sent_.load()) sent_.wait(n);
+    if (failed_) std::rethrow_exception(std::exchange(failed_, nullptr));
+  }
+
+ private:
+  template <class F>
+  void counted(F&& f) {
+    try {
+      f();
+    } catch (...) {
+      failed_ = std::current_exception();  // read by wait() after the count below
+    }
+    sent_.fetch_add(1);
+    sent_.notify_all();
+  }
+
+  std::uint64_t started_ = 0;  ///< the leader's thread only
+  std::atomic<std::uint64_t> sent_{0};
+  std::exception_ptr failed_;
+};
 
 /// Messages in flight, each one's bytes kept until its MPI_Isend completes: a group leader's
 /// quiet results, and the coordinator's assignments (a reservation reaches a leader that is

@@ -244,13 +244,20 @@ class tuner {
     trial_run.storage_path = exp.string();
     trial_run.verbose = run.verbose >= 2 ? 1 : 0;
     std::optional<cohort::detail::trainer::run_comms> comms;  // the trainer's, kept while trials end cleanly
-    cohort::report::file_writer files;  // the leader's trials' files, written beside their training
-    // The leader asks for a trial when it has none, then for the next one as each trial starts
-    // (ahead): the coordinator answers at once where it can reserve one (trial_book::reservation),
-    // else once the trial has ended, and the answer waits for the leader here.
-    auto const ask = [&](nlohmann::json const& request) {
-      if (rank == 0) return coord->local_ask(request);
-      tuning::detail::send_json(comm, 0, tuning::detail::request_tag, request);
+    tuning::detail::sent_in_order told;  // before `files`: its jobs count on it
+    cohort::report::file_writer files;   // the leader's trials' files, written beside their training
+    // The leader's messages to the coordinator go in order with its trials' files (`told`): a
+    // trial's completion once its files are written (their failure is the trial's), on the files'
+    // thread where they are written beside training, so the next trial starts without waiting
+    // for them; a request after it. The leader asks for a trial when it has none, then for the
+    // next one as each trial starts (ahead): the coordinator answers at once where it can reserve
+    // one (trial_book::reservation), else once the trial has ended, and the answer waits for the
+    // leader here.
+    auto const ask = [&](nlohmann::json request) {
+      told.start(files, [&, request = std::move(request)] {
+        if (rank == 0) return coord->local_ask(request);
+        tuning::detail::send_json(comm, 0, tuning::detail::request_tag, request);
+      });
     };
     bool asked = false;
     for (;;) {
@@ -272,7 +279,7 @@ class tuner {
         ask({{"ahead", id}});
         asked = true;
       }
-      auto r = run_trial(coord, assignment, trial_run, comm, group, comms, files, rank);
+      auto r = run_trial(coord, assignment, trial_run, comm, group, comms, files, told, rank);
       if (leader) {
         nlohmann::json msg{{"trial_id", id},
                            {"outcome", r.preempted ? "preempted" : r.error ? "error" : r.stopped.value_or("finished")}};
@@ -283,10 +290,18 @@ class tuner {
           std::sort(names.begin(), names.end());
           msg["checkpoints"] = names;
         }
-        if (rank == 0) coord->local_complete(msg);
-        else tuning::detail::send_json(comm, 0, tuning::detail::complete_tag, msg);
+        told.end_run(files, [&, msg = std::move(msg)](std::optional<std::string> const& files_failed) mutable {
+          if (files_failed && msg["outcome"] != "error" && msg["outcome"] != "preempted") {
+            msg["outcome"] = "error";
+            msg["error"] = *files_failed;
+            msg.erase("checkpoints");
+          }
+          if (rank == 0) coord->local_complete(msg);
+          else tuning::detail::send_json(comm, 0, tuning::detail::complete_tag, msg);
+        });
       }
     }
+    if (leader) told.wait();
   }
 
   /// One trial on this rank's group: the trainer run with a listener that sends every report to
@@ -296,12 +311,12 @@ class tuner {
   /// stays pending); the trainer's own guard handles signals during the trial. The trainer runs
   /// on `comms`, split from `group` when empty and emptied after a trial that failed (a failure
   /// may leave messages unreceived), the same on every rank of the group as the trial's outcome is.
-  /// The group's leader writes the trial's files on `files`; the trial ends once they are written
-  /// (an error if they could not be).
+  /// The group's leader writes the trial's files on `files`; run_trials tells the trial's end once
+  /// they are written (an error if they could not be), and its results wait for `told`.
   cohort::result<void> run_trial(std::optional<coordinator_type>& coord, nlohmann::json const& assignment,
                                  run_config const& trial_run, MPI_Comm comm, comm::mpi& group,
                                  std::optional<cohort::detail::trainer::run_comms>& comms,
-                                 cohort::report::file_writer& files, int rank) {
+                                 cohort::report::file_writer& files, tuning::detail::sent_in_order& told, int rank) {
     nlohmann::json const& config = assignment.at("config");
     auto const num_failures = assignment.value("num_failures", std::size_t{0});
     tuning::detail::quiet_results quiet;
@@ -310,6 +325,7 @@ class tuner {
     tuning::detail::quiet_batch batch;  // quiet results not sent yet: sent before any other message
     cohort::report::listener listener{
         .decide = [&, id = trial_run.name](nlohmann::json const& row) {
+          told.wait();  // the trial's start (and the last trial's end) told first
           if (rank == 0) return coord->local_result({{"trial_id", id}, {"row", row}});
           if (quiet.send_quiet(row)) {  // the coordinator is sure to answer proceed: not waited for
             if (batch.add(row)) sends.send(comm, 0, tuning::detail::result_tag, batch.take(id));
@@ -337,7 +353,6 @@ class tuner {
     if (!batch.empty()) sends.send(comm, 0, tuning::detail::result_tag, batch.take(trial_run.name));
     sends.wait();
     if (run_result.error || run_result.preempted) comms.reset();
-    if (auto failure = files.settle(); failure && !run_result.error) run_result.error = *failure;
     r.preempted = run_result.preempted;
     r.error = run_result.error;
     r.stopped = run_result.stopped;
