@@ -104,15 +104,18 @@ void reproducible(benchmark::State& state) {
 /// CPUs, 715 s against 625 s ideal, 14% over). Reported as overhead_pct; and where it goes, as
 /// medians over a group's trials, the larger of the two groups' (less noisy than the wall time):
 /// between_us from a trial's return to the group's next trial's start (the tuner's work between
-/// trials), report_us the report, sleep_over_us the 50 ms sleep's overshoot.
+/// trials), report_us the report, sleep_over_us the 50 ms sleep's overshoot; and over the whole
+/// run, the slowest rank's: start_ms from fit() to its first trial, end_ms from its last trial's
+/// return to fit()'s, trials_max the most trials a group ran (the wall time's share of them).
 void scale(benchmark::State& state) {
   auto const n = static_cast<std::size_t>(state.range(0));
   auto const trial_ms = cohort_bench::full_or_smoke(50, 5);
   using clock = std::chrono::steady_clock;
   std::vector<double> between_us, report_us, sleep_over_us;
-  std::optional<clock::time_point> returned;
+  std::optional<clock::time_point> returned, first;
   auto fn = [&, trial_ms](cohort::context& ctx, nlohmann::json const& config) {
     auto const entered = clock::now();
+    if (!first) first = entered;
     if (returned) between_us.push_back(std::chrono::duration<double, std::micro>(entered - *returned).count());
     std::this_thread::sleep_for(std::chrono::milliseconds(trial_ms));
     auto const slept = clock::now();
@@ -126,14 +129,23 @@ void scale(benchmark::State& state) {
     MPI_Allreduce(MPI_IN_PLACE, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return m;
   };
+  auto slowest = [](double v) {
+    MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return v;
+  };
   int groups = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &groups);
   for (auto _ : state) {
+    double start_ms = 0, end_ms = 0;
     double const s = cohort_bench::slowest_seconds([&] {
       cohort::tuner tuner{fn, cohort::tune_config{.metric = "score", .num_samples = n, .status_interval_s = 1e9}};
+      auto const called = clock::now();
       auto grid = tuner.fit(cohort::space{{"x", cohort::uniform(0, 1)}},
                             {.name = "scale_" + std::to_string(g_run++), .storage_path = g_dir.string(), .verbose = 0});
+      auto const back = clock::now();
       if (!grid.ok() || grid.size() != n) cohort_bench::fail(state, "the scale experiment failed: " + grid.error.value_or("?"));
+      if (first) start_ms = std::chrono::duration<double, std::milli>(*first - called).count();
+      if (returned) end_ms = std::chrono::duration<double, std::milli>(back - *returned).count();
     });
     state.SetIterationTime(s);
     double const ideal = static_cast<double>(n) * static_cast<double>(trial_ms) / 1e3 / groups;
@@ -142,8 +154,11 @@ void scale(benchmark::State& state) {
     state.counters["between_us"] = slowest_median(between_us);
     state.counters["report_us"] = slowest_median(report_us);
     state.counters["sleep_over_us"] = slowest_median(sleep_over_us);
+    state.counters["start_ms"] = slowest(start_ms);
+    state.counters["end_ms"] = slowest(end_ms);
+    state.counters["trials_max"] = slowest(static_cast<double>(sleep_over_us.size()));
     between_us.clear(), report_us.clear(), sleep_over_us.clear();
-    returned.reset();
+    returned.reset(), first.reset();
   }
 }
 
