@@ -98,10 +98,16 @@ class file_writer {
 
   /// After a run, without waiting for its files: chooses where the next run's files are written
   /// (files_beside_training), and runs `then(failure)` after the run's jobs, on the thread where
-  /// they ran, with the run's failure, if any. Jobs started from here on are the next run's.
-  void end_run(std::function<void(std::optional<std::string>)> then) {
+  /// they ran, with the run's failure, if any; `here`: on the caller's thread, once they have
+  /// run. Jobs started from here on are the next run's.
+  void end_run(std::function<void(std::optional<std::string>)> then, bool here = false) {
     std::uint64_t const ended = run();
-    run_in_order([this, ended, then = std::move(then)]() {
+    if (here) worker_.wait();
+    auto const in_order = [this](std::function<void()> job, bool here) {
+      if (here) job();
+      else run_in_order(std::move(job));
+    };
+    in_order([this, ended, then = std::move(then)]() {
       std::optional<std::string> failure;
       {
         std::lock_guard lock(mutex_);
@@ -111,7 +117,7 @@ class file_writer {
         }
       }
       then(std::move(failure));
-    });
+    }, here);
     bool const was_beside = beside_;
     if (run_began_) beside_ = files_beside_training(std::chrono::steady_clock::now() - *run_began_);
     run_began_.reset();
@@ -124,8 +130,7 @@ class file_writer {
   /// end_run(), waiting for the run's files: their failure, if any.
   std::optional<std::string> settle() {
     std::optional<std::string> out;
-    end_run([&out](std::optional<std::string> failure) { out = std::move(failure); });
-    worker_.wait();
+    end_run([&out](std::optional<std::string> failure) { out = std::move(failure); }, true);
     return out;
   }
   /// Whether jobs run on the thread now (else on the caller's).

@@ -225,14 +225,14 @@ class coordinator {
   /// that trial. Asked ahead, it gets a trial reserved for it at once where the book can tell
   /// (trial_book::reservation); else its request waits for that trial's completion.
   /// Only while every group holds a trial and the group's last trial took less than
-  /// reserve_below (its last two trial starts apart): a reservation ties a trial to a group
+  /// short_trial (its last two trial starts apart): a reservation ties a trial to a group
   /// until that group's trial ends, which for trials of seconds or more would let another group
   /// sit idle for more than it saves, 0.1-0.3 ms per trial (bench_tune scale/N).
   void on_request(std::size_t group, nlohmann::json const& request) {
     if (auto it = request.find("ahead"); it != request.end()) {
       book_.started(it->get<std::string>());
       auto const now = std::chrono::steady_clock::now();
-      bool const short_trials = last_start_[group] && now - *last_start_[group] < reserve_below;
+      bool const short_trials = last_start_[group] && now - *last_start_[group] < short_trial;
       last_start_[group] = now;
       std::optional<nlohmann::json> r;
       if (short_trials && std::ranges::all_of(holding_, [](char h) { return h != 0; })) r = book_.reservation();
@@ -405,7 +405,6 @@ class coordinator {
   std::map<std::string, nlohmann::json> owed_;  ///< decisions on quiet results, for the trial's next asked one
   std::deque<std::size_t> waiting_;  ///< groups that asked for a trial while none was free
   std::set<std::size_t> ahead_;      ///< groups that asked ahead and got no reservation: served once their trial ends
-  static constexpr auto reserve_below = std::chrono::milliseconds(100);
   std::vector<char> holding_ = std::vector<char>(leaders_.size(), 0);   ///< each group: it has a trial, running or reserved
   std::vector<char> reserved_ = std::vector<char>(leaders_.size(), 0);  ///< each group: its next trial is reserved
   std::vector<std::optional<std::chrono::steady_clock::time_point>> last_start_ =

@@ -71,6 +71,13 @@ inline nlohmann::json recv_json(MPI_Comm comm, int source, int tag, MPI_Status* 
   return nlohmann::json::from_msgpack(bytes);
 }
 
+/// Trials shorter than this are short (bench_tune scale/N): the coordinator reserves a group's
+/// next one ahead (coordinator::on_request), and the group tells a short trial's end from its
+/// files' thread, starting the next trial without waiting for the files (sent_in_order). A
+/// longer trial's end waits for its files on the training thread: it saves too little of the
+/// trial to be worth the files' thread's turn on busy cores (bench_tune results/N).
+inline constexpr auto short_trial = std::chrono::milliseconds(100);
+
 /// A trial group leader's messages to the coordinator, sent in order with its trials' files
 /// (report::file_writer): on the files' thread while they are written beside training, else at
 /// once. A trial's completion goes once its files are written (end_run), and the next trial
@@ -83,13 +90,14 @@ class sent_in_order {
     ++started_;
     files.start([this, send = std::move(send)]() mutable { counted([&] { send(); }); });
   }
-  /// files.end_run(): `then(failure)` once the run's files are written.
+  /// files.end_run(): `then(failure)` once the run's files are written; `here`: on this
+  /// thread, having waited for them.
   template <class Then>
-  void end_run(report::file_writer& files, Then then) {
+  void end_run(report::file_writer& files, Then then, bool here) {
     ++started_;
     files.end_run([this, then = std::move(then)](std::optional<std::string> failure) mutable {
       counted([&] { then(failure); });
-    });
+    }, here);
   }
   /// Returns once every message started has been sent; throws what a send threw.
   void wait() {

@@ -247,9 +247,9 @@ class tuner {
     tuning::detail::sent_in_order told;  // before `files`: its jobs count on it
     cohort::report::file_writer files;   // the leader's trials' files, written beside their training
     // The leader's messages to the coordinator go in order with its trials' files (`told`): a
-    // trial's completion once its files are written (their failure is the trial's), on the files'
-    // thread where they are written beside training, so the next trial starts without waiting
-    // for them; a request after it. The leader asks for a trial when it has none, then for the
+    // trial's completion once its files are written (their failure is the trial's), for a short
+    // trial on the files' thread where they are written beside training, so the next trial
+    // starts without waiting for them; a request after it. The leader asks for a trial when it has none, then for the
     // next one as each trial starts (ahead): the coordinator answers at once where it can reserve
     // one (trial_book::reservation), else once the trial has ended, and the answer waits for the
     // leader here.
@@ -279,7 +279,9 @@ class tuner {
         ask({{"ahead", id}});
         asked = true;
       }
+      auto const began = std::chrono::steady_clock::now();
       auto r = run_trial(coord, assignment, trial_run, comm, group, comms, files, told, rank);
+      bool const short_trial = std::chrono::steady_clock::now() - began < tuning::detail::short_trial;
       if (leader) {
         nlohmann::json msg{{"trial_id", id},
                            {"outcome", r.preempted ? "preempted" : r.error ? "error" : r.stopped.value_or("finished")}};
@@ -298,7 +300,7 @@ class tuner {
           }
           if (rank == 0) coord->local_complete(msg);
           else tuning::detail::send_json(comm, 0, tuning::detail::complete_tag, msg);
-        });
+        }, !short_trial);
       }
     }
     if (leader) told.wait();
