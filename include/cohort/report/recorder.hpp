@@ -103,11 +103,7 @@ class file_writer {
   void end_run(std::function<void(std::optional<std::string>)> then, bool here = false) {
     std::uint64_t const ended = run();
     if (here) worker_.wait();
-    auto const in_order = [this](std::function<void()> job, bool here) {
-      if (here) job();
-      else run_in_order(std::move(job));
-    };
-    in_order([this, ended, then = std::move(then)]() {
+    std::function<void()> job = [this, ended, then = std::move(then)]() {
       std::optional<std::string> failure;
       {
         std::lock_guard lock(mutex_);
@@ -117,7 +113,9 @@ class file_writer {
         }
       }
       then(std::move(failure));
-    }, here);
+    };
+    if (here) job();
+    else run_in_order(std::move(job));
     bool const was_beside = beside_;
     if (run_began_) beside_ = files_beside_training(std::chrono::steady_clock::now() - *run_began_);
     run_began_.reset();

@@ -146,19 +146,16 @@ class history_writer {
       // rows whose keys all differ cost a set each, not a search through every earlier one).
       last_ = key_sets_.size() - std::min(key_sets_.size(), sets_searched);
       while (last_ < key_sets_.size() && !c::has_keys(row, key_sets_[last_], out_)) ++last_;
-      if (last_ == key_sets_.size()) {
-        auto& keys = key_sets_.emplace_back();
-        c::put(out_, static_cast<std::uint32_t>(last_));
-        c::put(out_, static_cast<std::uint32_t>(obj.size()));
-        for (auto const& [key, value] : obj) {
-          c::put_bytes(out_, key);
-          keys.emplace_back(out_.size() - key.size(), key.size());
-        }
-        for (auto const& [key, value] : obj) c::put_value(out_, value);
-        return;
-      }
     }
     c::put(out_, static_cast<std::uint32_t>(last_));
+    if (last_ == key_sets_.size()) {  // a new set: its keys follow its index
+      auto& keys = key_sets_.emplace_back();
+      c::put(out_, static_cast<std::uint32_t>(obj.size()));
+      for (auto const& [key, value] : obj) {
+        c::put_bytes(out_, key);
+        keys.emplace_back(out_.size() - key.size(), key.size());
+      }
+    }
     for (auto const& [key, value] : obj) c::put_value(out_, value);
   }
 
