@@ -65,17 +65,23 @@ class coordinator {
   void serve() {
     int idle = 0;
     auto last_message = std::chrono::steady_clock::now();
-    for (;;) {
-      std::optional<state_snapshot> due;
-      {
-        std::lock_guard lock(mutex_);
-        tick();
-        if (groups_done_ == leaders_.size()) break;
-        if (state_due()) due = snapshot();
+    auto next_tick = last_message;
+    while (groups_done_.load() < leaders_.size()) {
+      // The periodic work, under the mutex, once per tick_interval: a poll between messages
+      // does not take the mutex, which rank 0's main thread would then wait for whenever this
+      // thread lost its core holding it (bench_tune trials/N).
+      if (auto const now = std::chrono::steady_clock::now(); now >= next_tick) {
+        next_tick = now + tick_interval;
+        std::optional<state_snapshot> due;
+        {
+          std::lock_guard lock(mutex_);
+          tick();
+          if (state_due()) due = snapshot();
+        }
+        // On the writer's thread: the groups' messages are answered meanwhile, and rank 0's own
+        // trial does not wait for the mutex.
+        if (due) writer_.start([this, s = std::move(*due)] { write_state(s); });
       }
-      // On the writer's thread: the groups' messages are answered meanwhile, and rank 0's own
-      // trial does not wait for the mutex.
-      if (due) writer_.start([this, s = std::move(*due)] { write_state(s); });
       int flag = 0;
       MPI_Status st;
       MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &st);
@@ -410,7 +416,10 @@ class coordinator {
   std::vector<std::optional<std::chrono::steady_clock::time_point>> last_start_ =
       std::vector<std::optional<std::chrono::steady_clock::time_point>>(leaders_.size());  ///< each group's last trial start
   quiet_sends assignments_;  ///< assignments to other ranks' leaders, in flight
-  std::size_t groups_done_ = 0;
+  std::atomic<std::size_t> groups_done_ = 0;  ///< changed under the mutex, read by serve() without it
+  /// How often serve() does its periodic work (tick, the state's rewrite): the time budget and the
+  /// status table are seconds.
+  static constexpr auto tick_interval = std::chrono::milliseconds(1);
   bool ended_ = false;  ///< serve() has taken the last state: the book is rank 0's main thread's
   std::chrono::steady_clock::time_point last_table_ = std::chrono::steady_clock::now(), last_state_ = last_table_;
   std::atomic<double> state_write_s_ = 0;  ///< how long the last write_state took (set on the writer's thread)
