@@ -330,6 +330,41 @@ TEST_CASE("a decision on a result its group did not wait for reaches the trial a
   }
 }
 
+namespace {
+
+/// A scheduler whose proceeds() throws (a user's scheduler with a bug in its promise): asked as a
+/// trial is handed out, reserved ahead for a busy group (it says the next trial does not wait for
+/// completions, as fifo), and after each result answered proceed.
+struct promise_throws {
+  static constexpr bool next_independent_of_completions = true;
+  void setup(cohort::tuning::objective const&) {}
+  void on_trial_add(std::string const&, nlohmann::json const&) {}
+  cohort::tuning::scheduling_decision on_trial_result(std::string const&, nlohmann::json const&) { return {}; }
+  cohort::tuning::proceed_span proceeds(std::string const&) const { throw cohort::error("no span here"); }
+  void on_trial_complete(std::string const&, nlohmann::json const&) {}
+  nlohmann::json save_state() const { return nlohmann::json::object(); }
+  void restore_state(nlohmann::json const&) {}
+};
+
+}  // namespace
+
+TEST_CASE("a scheduler whose proceeds() throws fails the experiment with the cause on every rank, without a hang", "[tuning][mpi]") {
+  // Catches: the exception escaping the coordinator's answer to a group's request, which left
+  // that group waiting for an answer that never came.
+  auto const storage = cohort_test::scratch("tune_promise_throws");
+  auto fn = [](cohort::context& ctx, nlohmann::json const&) {
+    for (int i = 0; i < 3; ++i) ctx.report({{"score", i}});
+  };
+  std::vector<nlohmann::json> xs;
+  for (int g = 0; g < 4 * world_size(); ++g) xs.emplace_back(g);
+  cohort::tuner tuner{fn, promise_throws{}, cohort::tune_config{.metric = "score", .status_interval_s = 1e9}};
+  auto grid = tuner.fit(cohort::space{{"x", cohort::grid_search(xs)}},
+                        {.name = "promise", .storage_path = storage.string(), .verbose = 0, .collective_timeout_ms = 60000});
+  REQUIRE_FALSE(grid.ok());
+  CHECK_THAT(*grid.error, contains_text("the scheduler failed: no span here"));
+  CHECK(grid.size() < xs.size());  // the experiment stopped: not every trial was started
+}
+
 TEST_CASE("results sent without waiting reach the coordinator in order, batched or one by one", "[tuning][mpi]") {
   // Each trial reports in bursts (batched), each but the last followed by a pause past max_quiet
   // (the next result waits for its answer) and a row with keys of its own; the trial ends in a

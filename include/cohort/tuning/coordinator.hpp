@@ -216,7 +216,7 @@ class coordinator {
 
   /// Names in `reply` the span of trial `id`'s next results its group may send without waiting
   /// (quiet_results), where there is one.
-  void name_quiet_span(nlohmann::json& reply, std::string const& id) const {
+  void name_quiet_span(nlohmann::json& reply, std::string const& id) {
     if (auto span = book_.quiet_span(id)) reply["quiet"] = quiet_results::to_json(*span);
   }
 

@@ -210,13 +210,20 @@ class trial_book {
   /// The trial's next results that on_result is sure to answer `proceed`, so that its group may
   /// send them without waiting: the scheduler's proceeds(id), where it has one, while the
   /// experiment is not stopping, with no stopper and not under tune_config::reproducible (whose
-  /// answers wait for their turn). Nothing otherwise.
-  std::optional<proceed_span> quiet_span(std::string const& id) const {
+  /// answers wait for their turn). Nothing otherwise, and when proceeds() throws: the experiment
+  /// then fails with the cause (its trials stop at their next result), as when on_trial_add throws.
+  std::optional<proceed_span> quiet_span(std::string const& id) {
     if constexpr (requires(Scheduler const& s) {
                     { s.proceeds(id) } -> std::same_as<proceed_span>;
                   }) {
       if (!cfg_.reproducible && std::tuple_size_v<Stoppers> == 0 && !end_.stopping) {
-        auto span = scheduler_.proceeds(id);
+        proceed_span span;
+        try {
+          span = scheduler_.proceeds(id);
+        } catch (std::exception const& e) {
+          fail(std::string("the scheduler failed: ") + e.what());
+          return std::nullopt;
+        }
         if (span.below > -std::numeric_limits<double>::infinity()) return span;  // NaN and -inf: none
       }
     }
