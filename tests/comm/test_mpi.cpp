@@ -63,6 +63,8 @@ TEST_CASE("mpi allreduce avg averages in place, identically on every rank, below
     c.allreduce(hi.data(), count, reduce_op::max);
     CHECK(lo == hi);
   }
+  // 100003 floats give each ring step over 64 KiB each way up to 6 ranks: they tell the link's rate.
+  if (n > 1 && n <= 6) CHECK(cohort::comm::detail::link_rate().load() > 0);
   std::vector<double> d(50000, double(r));
   c.allreduce(d.data(), d.size(), reduce_op::avg);
   CHECK(d[49999] == Approx((n - 1) / 2.0));
@@ -267,6 +269,29 @@ TEST_CASE("waits spin on one node with a core per rank, and poll early across ho
   CHECK(spin_limit(4, 4, 2) == microseconds(50));  // more ranks than cores
   CHECK(spin_limit(2, 1, 8) == microseconds(50));  // another host holds a rank
   CHECK(spin_limit(8, 4, 16) == microseconds(50));
+}
+
+TEST_CASE("a wait polls as often as its link needs: rarely on a slow link, often on a fast one or a short wait", "[comm][pure]") {
+  // Catches: a wait across hosts that polls every 20 us on a 200 Mbit/s link (a fifth of the
+  // core its backward runs on), one that sleeps long on a fast link (the transfer stalls between
+  // polls), and one that sleeps long in a short wait (the ranks' agreement seen done late).
+  using cohort::comm::detail::poll_interval_for;
+  using std::chrono::microseconds;
+  auto const ms = microseconds(1000);
+  CHECK(poll_interval_for(0, ms) == microseconds(20));  // rate not known yet: as before
+  CHECK(poll_interval_for(25e6, ms) == microseconds(500));  // 200 Mbit/s: 16 KiB take 655 us, capped
+  CHECK(poll_interval_for(50e6, ms) == microseconds(327));  // 400 Mbit/s
+  CHECK(poll_interval_for(125e6, ms) == microseconds(131));  // 1 Gbit/s
+  CHECK(poll_interval_for(1.25e9, ms) == microseconds(20));  // 10 Gbit/s and faster: never under 20 us
+  CHECK(poll_interval_for(25e6, microseconds(60)) == microseconds(30));  // a short wait: half of it
+  CHECK(poll_interval_for(25e6, microseconds(10)) == microseconds(20));
+
+  using cohort::comm::detail::next_link_rate;
+  CHECK(next_link_rate(0, 1 << 20, 0.01) == Approx(104857600.0));  // 1 MiB in 10 ms
+  CHECK(next_link_rate(100e6, 1 << 20, 1.0) == Approx(90e6));  // a late peer reads slow: the estimate decays
+  CHECK(next_link_rate(100e6, 1 << 20, 0.001) == Approx(1048576000.0));  // a faster sample wins at once
+  CHECK(next_link_rate(100e6, 4 << 10, 1.0) == 100e6);  // too small to tell the link's rate
+  CHECK(next_link_rate(100e6, 1 << 20, 0.0) == 100e6);
 }
 
 TEST_CASE("cohort's MPI start-up sets this job's spin limit from its ranks and cores", "[comm][mpi]") {

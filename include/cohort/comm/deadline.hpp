@@ -12,6 +12,7 @@
 #include <sys/prctl.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -165,9 +166,19 @@ inline constexpr auto alarm_grace = std::chrono::milliseconds(1000);
 /// network stack that carries it (bench/compare/hosts: the CNN across 2 hosts at 1 Gbit/s,
 /// docs/benchmarks.md).
 inline constexpr auto spin_wait = std::chrono::microseconds(50);
-/// How often a wait past spin_wait polls; at 1 Gbit/s 20 us is 2.5 KB, far less than what the
-/// kernel's socket buffers hold, so the transfer does not stall between polls.
+/// How often a wait past spin_wait polls while the link's rate is not known (link_rate), and at
+/// the least: at 1 Gbit/s 20 us is 2.5 KB, far less than what the kernel's socket buffers hold, so
+/// the transfer does not stall between polls.
 inline constexpr auto poll_interval = std::chrono::microseconds(20);
+/// The most a wait past spin_wait sleeps between polls on a slow link (poll_interval_for).
+inline constexpr auto max_poll_interval = std::chrono::microseconds(500);
+/// The bytes a link carries between two polls (poll_interval_for): far less than what Open MPI's
+/// TCP transport keeps moving without a progress call (3 fragments of 128 KiB in flight, the
+/// sockets' buffers), so a transfer does not stall between polls; at memory speed (a link
+/// between containers) it is the 20 us floor.
+inline constexpr std::size_t bytes_per_poll = std::size_t{16} << 10;
+/// Transfers of at least this many bytes each way tell the link's rate (note_transfer).
+inline constexpr std::size_t rate_sample_min_bytes = std::size_t{64} << 10;
 /// After this long (another trial group's work, a peer's long evaluation), every 100 us.
 inline constexpr auto long_wait = std::chrono::milliseconds(100);
 inline constexpr auto long_poll_interval = std::chrono::microseconds(100);
@@ -188,6 +199,45 @@ constexpr std::chrono::microseconds spin_limit(int world_ranks, int ranks_on_nod
 inline std::atomic<std::int64_t>& spin_limit_us() {
   static std::atomic<std::int64_t> us{spin_wait.count()};
   return us;
+}
+
+/// Pure: how long a wait that has lasted `waited` sleeps before its next poll, on a link that
+/// moves `bytes_per_s` each way (0: not known): the time bytes_per_poll takes, up to
+/// max_poll_interval, and at most half of `waited` (a short wait, such as the ranks' agreement,
+/// is seen done at most half its length late), never under poll_interval. Each poll wakes a
+/// thread that shares the core with backward: across two hosts of one core each at 200 Mbit/s,
+/// polling every 20 us took 19 ms of the core per CNN step (its all-reduce: 67 ms), every 500 us
+/// 5 ms (docs/benchmarks.md, "Across hosts").
+constexpr std::chrono::microseconds poll_interval_for(double bytes_per_s, std::chrono::microseconds waited) {
+  if (!(bytes_per_s > 0)) return poll_interval;
+  double const link_us = std::min(static_cast<double>(bytes_per_poll) / bytes_per_s * 1e6,
+                                  static_cast<double>(max_poll_interval.count()));
+  auto const us = static_cast<std::int64_t>(std::min(link_us, static_cast<double>(waited.count()) / 2));
+  return std::max(poll_interval, std::chrono::microseconds(us));
+}
+
+/// Pure: the link's rate after a transfer of `bytes` each way that took `seconds`, given the
+/// estimate before (`before`, 0: none): the faster of the new sample and nine tenths of the
+/// estimate (a wait that began before the peer was ready reads slower than the link, never
+/// faster; the decay follows a link that became slower). Transfers under rate_sample_min_bytes
+/// leave it as it was.
+constexpr double next_link_rate(double before, std::size_t bytes, double seconds) {
+  if (bytes < rate_sample_min_bytes || !(seconds > 0)) return before;
+  double const sample = static_cast<double>(bytes) / seconds;
+  return std::max(sample, 0.9 * before);
+}
+
+/// This process's estimate of its links' rate in bytes per second each way (next_link_rate), 0
+/// until a transfer told it; read by every wait (poll_interval_for).
+inline std::atomic<double>& link_rate() {
+  static std::atomic<double> rate{0};
+  return rate;
+}
+
+/// Feeds a completed transfer of `bytes` each way that took `seconds` to link_rate.
+inline void note_transfer(std::size_t bytes, double seconds) {
+  auto& r = link_rate();
+  r.store(next_link_rate(r.load(std::memory_order_relaxed), bytes, seconds), std::memory_order_relaxed);
 }
 
 /// Sleeps `d` with a timer slack of 1 us on the calling thread (Linux's default, 50 us, would
@@ -243,9 +293,13 @@ inline void wait_all(MPI_Request* requests, int n, collective const& what, int t
     if (done) return;
     auto const now = clock::now();
     // Past the spin limit (a transfer across hosts, another trial group's work, a peer's long
-    // evaluation), poll every poll_interval, leaving the core to whoever works meanwhile.
-    if (now - start > std::chrono::microseconds(spin_limit_us().load(std::memory_order_relaxed)))
-      precise_sleep(now - start > long_wait ? long_poll_interval : poll_interval);
+    // evaluation), poll as often as the link needs (poll_interval_for), leaving the core to
+    // whoever works meanwhile.
+    if (now - start > std::chrono::microseconds(spin_limit_us().load(std::memory_order_relaxed))) {
+      auto const every = poll_interval_for(link_rate().load(std::memory_order_relaxed),
+                                           std::chrono::duration_cast<std::chrono::microseconds>(now - start));
+      precise_sleep(now - start > long_wait ? std::max(every, long_poll_interval) : every);
+    }
     if (timeout_ms > 0 && now - start > std::chrono::milliseconds(timeout_ms))
       abort_job(timeout_message(world_rank(), what, timeout_ms, position()()));
     if (now < next_alarm_check) continue;

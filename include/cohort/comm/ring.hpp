@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <vector>
 
@@ -35,7 +36,8 @@ void accumulate(T* __restrict dst, T const* __restrict src, std::size_t n, T sca
 
 /// `ns` elements to `to` and `nr` elements from `from` (non-blocking, waited for with the
 /// deadline of `what`), in max_chunk pieces (the peer's counts mirror these, so both sides make the
-/// same number of calls).
+/// same number of calls). Each piece's time feeds the link's rate (note_transfer), which sets how
+/// often waits poll.
 template <class T>
 void sendrecv(T const* send, std::size_t ns, int to, T* recv, std::size_t nr, int from, MPI_Comm comm,
               collective const& what, int timeout_ms) {
@@ -46,7 +48,10 @@ void sendrecv(T const* send, std::size_t ns, int to, T* recv, std::size_t nr, in
     MPI_Request reqs[2];
     check_mpi(MPI_Irecv(recv + off, r, mpi_type<T>(), from, tag, comm, &reqs[0]), "MPI_Irecv");
     check_mpi(MPI_Isend(send + off, s, mpi_type<T>(), to, tag, comm, &reqs[1]), "MPI_Isend");
+    auto const start = std::chrono::steady_clock::now();
     wait_all(reqs, 2, what, timeout_ms);
+    note_transfer(static_cast<std::size_t>(std::max(s, r)) * sizeof(T),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 }
 
