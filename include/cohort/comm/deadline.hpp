@@ -204,16 +204,17 @@ inline std::atomic<std::int64_t>& spin_limit_us() {
 /// Pure: how long a wait that has lasted `waited` sleeps before its next poll, on a link that
 /// moves `bytes_per_s` each way (0: not known): the time bytes_per_poll takes, up to
 /// max_poll_interval, and at most half of `waited` (a short wait, such as the ranks' agreement,
-/// is seen done at most half its length late), never under poll_interval. Each poll wakes a
-/// thread that shares the core with backward: across two hosts of one core each at 200 Mbit/s,
-/// polling every 20 us took 19 ms of the core per CNN step (its all-reduce: 67 ms), every 500 us
-/// 5 ms (docs/benchmarks.md, "Across hosts").
+/// is seen done at most half its length late), never under poll_interval (long_poll_interval
+/// once it has lasted long_wait). Each poll wakes a thread that shares the core with backward:
+/// across two hosts of one core each at 200 Mbit/s, polling every 20 us took 19 ms of the core
+/// per CNN step (its all-reduce: 67 ms), every 500 us 5 ms (docs/benchmarks.md, "Across hosts").
 constexpr std::chrono::microseconds poll_interval_for(double bytes_per_s, std::chrono::microseconds waited) {
-  if (!(bytes_per_s > 0)) return poll_interval;
+  auto const least = waited > long_wait ? long_poll_interval : poll_interval;
+  if (!(bytes_per_s > 0)) return least;
   double const link_us = std::min(static_cast<double>(bytes_per_poll) / bytes_per_s * 1e6,
                                   static_cast<double>(max_poll_interval.count()));
   auto const us = static_cast<std::int64_t>(std::min(link_us, static_cast<double>(waited.count()) / 2));
-  return std::max(poll_interval, std::chrono::microseconds(us));
+  return std::max(least, std::chrono::microseconds(us));
 }
 
 /// Pure: the link's rate after a transfer of `bytes` each way that took `seconds`, given the
@@ -295,11 +296,9 @@ inline void wait_all(MPI_Request* requests, int n, collective const& what, int t
     // Past the spin limit (a transfer across hosts, another trial group's work, a peer's long
     // evaluation), poll as often as the link needs (poll_interval_for), leaving the core to
     // whoever works meanwhile.
-    if (now - start > std::chrono::microseconds(spin_limit_us().load(std::memory_order_relaxed))) {
-      auto const every = poll_interval_for(link_rate().load(std::memory_order_relaxed),
-                                           std::chrono::duration_cast<std::chrono::microseconds>(now - start));
-      precise_sleep(now - start > long_wait ? std::max(every, long_poll_interval) : every);
-    }
+    if (now - start > std::chrono::microseconds(spin_limit_us().load(std::memory_order_relaxed)))
+      precise_sleep(poll_interval_for(link_rate().load(std::memory_order_relaxed),
+                                      std::chrono::duration_cast<std::chrono::microseconds>(now - start)));
     if (timeout_ms > 0 && now - start > std::chrono::milliseconds(timeout_ms))
       abort_job(timeout_message(world_rank(), what, timeout_ms, position()()));
     if (now < next_alarm_check) continue;
