@@ -17,7 +17,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -154,11 +153,13 @@ class coordinator {
     std::lock_guard lock(mutex_);
     on_request(0, request);
   }
-  /// Rank 0's own group: the assignment it asked for, waiting until there is one.
+  /// Rank 0's own group: the answer to its oldest unanswered request, waiting until there is one.
   nlohmann::json local_answer() {
     std::unique_lock lock(mutex_);
-    cv_.wait(lock, [&] { return local_reply_.has_value(); });
-    return *std::exchange(local_reply_, std::nullopt);
+    cv_.wait(lock, [&] { return !local_replies_.empty(); });
+    auto reply = std::move(local_replies_.front());
+    local_replies_.pop_front();
+    return reply;
   }
   /// Rank 0's own group: a result, answered with what the trial does next (under
   /// tune_config::reproducible, once its turn has come).
@@ -200,14 +201,21 @@ class coordinator {
     return 0;
   }
 
-  /// Hands `group` the answer to its request: a trial, or {"done": true}. Not waiting for the
+  /// Hands `group` the answer to one of its requests: a trial, or {"done": true}, after which
+  /// its leader reads no more (its requests still waiting go unanswered). Not waiting for the
   /// leader to receive it: a reservation comes while the leader trains, and a large config is
   /// not sent until the receive is posted (MPI's rendezvous).
   void deliver(std::size_t group, nlohmann::json const& assignment) {
-    if (assignment.contains("done")) ++groups_done_;
-    else holding_[group] = 1;
+    if (assignment.contains("done")) {
+      ++groups_done_;
+      deferred_[group] = 0;
+    } else if (assignment.contains("reserved")) {
+      ++unstarted_[group];
+    } else {
+      running_[group] = 1;
+    }
     if (leaders_[group] == 0) {
-      local_reply_ = assignment;
+      local_replies_.push_back(assignment);
       cv_.notify_all();
     } else {
       assignments_.send(comm_, leaders_[group], assignment_tag, assignment);
@@ -227,28 +235,45 @@ class coordinator {
     return a;
   }
 
-  /// A group asks for its next trial: {} when it has none, or {"ahead": trial id} as it starts
-  /// that trial. Asked ahead, it gets a trial reserved for it at once where the book can tell
-  /// (trial_book::reservation); else its request waits for that trial's completion.
+  /// A group asks for its next trial: {} when it has none, {"ahead": trial id} as it starts
+  /// that trial, or {"ahead": null} as its first trial starts (requests_ahead). Asked ahead, it
+  /// gets a trial reserved for it at once where the book can tell (trial_book::reservation);
+  /// else the request waits until the group has no trial running or reserved (on_complete).
   /// Only while every group holds a trial and the group's last trial took less than
-  /// short_trial (its last two trial starts apart): a reservation ties a trial to a group
-  /// until that group's trial ends, which for trials of seconds or more would let another group
-  /// sit idle for more than it saves, 0.1-0.3 ms per trial (bench_tune scale/N).
+  /// short_trial (its last two trial starts apart), and a second one ahead only while it took
+  /// less than very_short_trial: a reservation ties a trial to a group until that group's trial
+  /// ends, which for trials of seconds or more would let another group sit idle for more than
+  /// it saves, 0.1-0.3 ms per trial (bench_tune scale/N).
   void on_request(std::size_t group, nlohmann::json const& request) {
     if (auto it = request.find("ahead"); it != request.end()) {
-      book_.started(it->get<std::string>());
-      auto const now = std::chrono::steady_clock::now();
-      bool const short_trials = last_start_[group] && now - *last_start_[group] < short_trial;
-      last_start_[group] = now;
-      std::optional<nlohmann::json> r;
-      if (short_trials && std::ranges::all_of(holding_, [](char h) { return h != 0; })) r = book_.reservation();
-      if (!r) return void(ahead_.insert(group));
-      name_quiet_span(*r, r->at("trial_id"));
-      reserved_[group] = 1;
-      return deliver(group, *r);
+      if (it->is_string()) {
+        if (book_.started(it->get<std::string>())) --unstarted_[group];
+        running_[group] = 1;
+        auto const now = std::chrono::steady_clock::now();
+        auto const last = last_start_[group] ? now - *last_start_[group] : std::chrono::steady_clock::duration::max();
+        may_reserve_[group] = last < very_short_trial ? requests_ahead : last < short_trial ? 1 : 0;
+        last_start_[group] = now;
+      }
+      ++deferred_[group];
+      return reserve_ahead(group);
     }
     if (auto a = assignment()) deliver(group, *a);
     else waiting_.push_back(group);
+  }
+
+  /// `group`'s requests asked ahead and not answered get trials reserved for it, while the book
+  /// has them to reserve and on_request's conditions hold.
+  void reserve_ahead(std::size_t group) {
+    auto const holds = [&](std::size_t g) { return running_[g] != 0 || unstarted_[g] > 0; };
+    while (deferred_[group] > 0 && unstarted_[group] < may_reserve_[group]) {
+      for (std::size_t g = 0; g < leaders_.size(); ++g)
+        if (!holds(g)) return;
+      auto r = book_.reservation();
+      if (!r) return;
+      name_quiet_span(*r, r->at("trial_id"));
+      --deferred_[group];
+      deliver(group, *r);
+    }
   }
 
   /// A group's result: answered at once, or under tune_config::reproducible held until its turn.
@@ -312,14 +337,17 @@ class coordinator {
     }
   }
 
-  /// `group`'s trial ended; its request ahead, if it is waiting, now waits as any other.
+  /// `group`'s trial ended; where no trial is reserved for it, one of its requests asked ahead
+  /// now waits as any other (a group is never told "done" while it holds a reserved trial).
   void on_complete(std::size_t group, nlohmann::json const& msg) {
     owed_.erase(msg.at("trial_id").get<std::string>());  // the trial ended before its next asked result
-    holding_[group] = reserved_[group];
-    reserved_[group] = false;
+    running_[group] = 0;
     book_.on_complete(msg);
     answer_released();  // a trial that ended no longer holds the later ones back
-    if (ahead_.erase(group)) waiting_.push_back(group);
+    if (unstarted_[group] == 0 && deferred_[group] > 0) {
+      --deferred_[group];
+      waiting_.push_back(group);
+    }
     serve_waiting();
   }
 
@@ -404,15 +432,18 @@ class coordinator {
   int verbose_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::optional<nlohmann::json> local_reply_;
+  std::deque<nlohmann::json> local_replies_;  ///< rank 0's group's answers, in order, not read yet
   std::optional<nlohmann::json> local_answer_;  ///< rank 0's group's held result, answered (reproducible)
   std::map<std::string, std::size_t> held_by_;  ///< held results: the group waiting for each (reproducible)
   held_results held_;  ///< tune_config::reproducible: results held for their turn (trial_book::turn_of)
   std::map<std::string, nlohmann::json> owed_;  ///< decisions on quiet results, for the trial's next asked one
   std::deque<std::size_t> waiting_;  ///< groups that asked for a trial while none was free
-  std::set<std::size_t> ahead_;      ///< groups that asked ahead and got no reservation: served once their trial ends
-  std::vector<char> holding_ = std::vector<char>(leaders_.size(), 0);   ///< each group: it has a trial, running or reserved
-  std::vector<char> reserved_ = std::vector<char>(leaders_.size(), 0);  ///< each group: its next trial is reserved
+  // Each group: requests asked ahead and not answered yet; trials reserved for it and not started;
+  // whether a trial of its runs; how many trials may be reserved for it (on_request).
+  std::vector<std::size_t> deferred_ = std::vector<std::size_t>(leaders_.size(), 0);
+  std::vector<std::size_t> unstarted_ = std::vector<std::size_t>(leaders_.size(), 0);
+  std::vector<char> running_ = std::vector<char>(leaders_.size(), 0);
+  std::vector<std::size_t> may_reserve_ = std::vector<std::size_t>(leaders_.size(), 0);
   std::vector<std::optional<std::chrono::steady_clock::time_point>> last_start_ =
       std::vector<std::optional<std::chrono::steady_clock::time_point>>(leaders_.size());  ///< each group's last trial start
   quiet_sends assignments_;  ///< assignments to other ranks' leaders, in flight

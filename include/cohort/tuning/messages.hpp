@@ -78,6 +78,16 @@ inline nlohmann::json recv_json(MPI_Comm comm, int source, int tag, MPI_Status* 
 /// trial to be worth the files' thread's turn on busy cores (bench_tune results/N).
 inline constexpr auto short_trial = std::chrono::milliseconds(100);
 
+/// How many requests a group leader keeps unanswered while its trial runs: as each trial starts it
+/// asks for the next, and as its first starts it asks once more, so that the coordinator may
+/// reserve a group's next two trials while their trials are very short (under
+/// very_short_trial). The answer then has two trials' time to come: one trial of 0.15 ms was less
+/// than the coordinator thread took to get a core on busy cores and answer (bench_tune
+/// trials/N). Longer trials get one reserved: a second would only let the group that holds it
+/// run two trials at the experiment's end while another has none.
+inline constexpr std::size_t requests_ahead = 2;
+inline constexpr auto very_short_trial = std::chrono::milliseconds(1);  ///< see requests_ahead
+
 /// A trial group leader's messages to the coordinator, sent in order with its trials' files
 /// (report::file_writer): on the files' thread while they are written beside training, else at
 /// once. A trial's completion goes once its files are written (end_run), and the next trial

@@ -149,10 +149,12 @@ class trial_book {
     return a;
   }
 
-  /// A group started trial `id`, which reservation() gave it: RUNNING from now on. Nothing for a
-  /// trial that assignment() gave (already RUNNING).
-  void started(std::string const& id) {
-    if (auto r = reserved_.extract(id)) started(roster_.at(id), r.mapped());
+  /// A group started trial `id`: RUNNING from now on where reservation() gave it (returns true);
+  /// nothing for a trial that assignment() gave (already RUNNING).
+  bool started(std::string const& id) {
+    auto r = reserved_.extract(id);
+    if (r) started(roster_.at(id), r.mapped());
+    return !r.empty();
   }
 
   /// Under tune_config::reproducible: whether trial number `n`'s result at iteration `level` may

@@ -250,20 +250,24 @@ class tuner {
     // trial's completion once its files are written (their failure is the trial's), for a short
     // trial on the files' thread where they are written beside training, so the next trial
     // starts without waiting for them; a request after it. The leader asks for a trial when it has none, then for the
-    // next one as each trial starts (ahead): the coordinator answers at once where it can reserve
-    // one (trial_book::reservation), else once the trial has ended, and the answer waits for the
-    // leader here.
+    // next one as each trial starts (ahead), keeping requests_ahead unanswered: the coordinator
+    // answers at once where it can reserve one (trial_book::reservation), else once the group has
+    // no trial, and the answers wait for the leader here, one per request, in order.
     auto const ask = [&](nlohmann::json request) {
       told.start(files, [&, request = std::move(request)] {
         if (rank == 0) return coord->local_ask(request);
         tuning::detail::send_json(comm, 0, tuning::detail::request_tag, request);
       });
     };
-    bool asked = false;
+    std::size_t asked = 0;  // requests not answered yet
     for (;;) {
       std::string text;
       if (leader) {
-        if (!std::exchange(asked, false)) ask(nlohmann::json::object());
+        if (asked == 0) {
+          ask(nlohmann::json::object());
+          asked = 1;
+        }
+        --asked;
         text = rank == 0 ? coord->local_answer().dump()
                          : tuning::detail::recv_json(comm, 0, tuning::detail::assignment_tag).dump();
       }
@@ -277,7 +281,7 @@ class tuner {
       trial_run.resume_from_checkpoint = assignment.value("restore_from", std::string{});
       if (leader) {
         ask({{"ahead", id}});
-        asked = true;
+        for (++asked; asked < tuning::detail::requests_ahead; ++asked) ask({{"ahead", nullptr}});
       }
       auto const began = std::chrono::steady_clock::now();
       auto r = run_trial(coord, assignment, trial_run, comm, group, comms, files, told, rank);
