@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cohort/detail/posix_file.hpp"
 #include "cohort/error.hpp"
 #include "cohort/report/flatten.hpp"
 
@@ -23,13 +24,12 @@ namespace cohort::report {
 inline void write_file_atomic(std::filesystem::path const& path, std::string const& text) {
   auto tmp = path;
   tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw cohort::error("could not write " + tmp.string() + ": check free space and permissions");
-  }
   std::error_code ec;
+  {
+    auto out = cohort::detail::posix_file::truncate(tmp, ec);
+    if (!ec) ec = out.write(text);
+    if (ec) throw cohort::error("could not write " + tmp.string() + " (" + ec.message() + "): check free space and permissions");
+  }
   std::filesystem::rename(tmp, path, ec);
   if (ec) throw cohort::error("could not rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
 }
@@ -72,13 +72,13 @@ class run_directory {
   void write_new(nlohmann::json const& params) {
     // Nobody else has seen this directory: a plain write. If it is cut short by a crash, the
     // rerun finds params.json unreadable and writes it again (read_existing).
-    std::ofstream out(path_ / "params.json", std::ios::binary);
-    out << params.dump(2) << "\n" << std::flush;
-    result_.open(path_ / "result.json", std::ios::app);
-    progress_.open(path_ / "progress.csv", std::ios::trunc);
-    if (!out || !result_ || !progress_)
-      throw cohort::error("could not write params.json, result.json and progress.csv in " + path_.string() +
-                          ": check free space and permissions; set run_config.storage_path to a writable directory");
+    std::error_code ec;
+    if (auto out = cohort::detail::posix_file::truncate(path_ / "params.json", ec); !ec) ec = out.write(params.dump(2) + "\n");
+    if (!ec) result_ = cohort::detail::posix_file::append_to(path_ / "result.json", ec);
+    if (!ec) progress_ = cohort::detail::posix_file::truncate(path_ / "progress.csv", ec);
+    if (ec)
+      throw cohort::error("could not write params.json, result.json and progress.csv in " + path_.string() + " (" +
+                          ec.message() + "): check free space and permissions; set run_config.storage_path to a writable directory");
   }
 
   /// A directory that existed (a rerun of the same run, e.g. a resume): params.json written again
@@ -116,10 +116,11 @@ class run_directory {
   /// the progress line).
   void append(nlohmann::json const& row, flat_row const& flat) {
     // The files stay open between reports (a report is one write() each, not an open and close:
-    // the tuner's results/s benchmark); each line is flushed, so readers see whole rows.
-    if (!result_.is_open()) result_.open(path_ / "result.json", std::ios::app);
-    result_ << row.dump() << "\n" << std::flush;
-    if (!result_) throw cohort::error("could not append to " + (path_ / "result.json").string() + ": check free space");
+    // the tuner's results/s benchmark); each line is written whole, so readers see whole rows.
+    std::error_code ec;
+    if (!result_.is_open()) result_ = cohort::detail::posix_file::append_to(path_ / "result.json", ec);
+    if (!ec) ec = result_.write(row.dump() + "\n");
+    if (ec) throw cohort::error("could not append to " + (path_ / "result.json").string() + " (" + ec.message() + "): check free space");
     bool widened = false;
     for (auto const& [k, v] : flat)
       if (std::find(columns_.begin(), columns_.end(), k) == columns_.end()) {
@@ -127,9 +128,9 @@ class run_directory {
         widened = true;
       }
     if (widened && rows_written_ == 0) {  // the first row: the header, then the row
-      if (!progress_.is_open()) progress_.open(path_ / "progress.csv", std::ios::trunc);  // else created empty
-      progress_ << header() << csv_row(flat) << std::flush;
-      if (!progress_) throw cohort::error("could not write " + (path_ / "progress.csv").string() + ": check free space");
+      if (!progress_.is_open()) progress_ = cohort::detail::posix_file::truncate(path_ / "progress.csv", ec);  // else created empty
+      if (!ec) ec = progress_.write(header() + csv_row(flat));
+      if (ec) throw cohort::error("could not write " + (path_ / "progress.csv").string() + " (" + ec.message() + "): check free space");
     } else if (widened) {  // rare: every row again, from result.json, under the wider header
       progress_.close();
       std::string all = header();
@@ -140,9 +141,9 @@ class run_directory {
       }
       write_file_atomic(path_ / "progress.csv", all);
     } else {
-      if (!progress_.is_open()) progress_.open(path_ / "progress.csv", std::ios::app);
-      progress_ << csv_row(flat) << std::flush;
-      if (!progress_) throw cohort::error("could not append to " + (path_ / "progress.csv").string() + ": check free space");
+      if (!progress_.is_open()) progress_ = cohort::detail::posix_file::append_to(path_ / "progress.csv", ec);
+      if (!ec) ec = progress_.write(csv_row(flat));
+      if (ec) throw cohort::error("could not append to " + (path_ / "progress.csv").string() + " (" + ec.message() + "): check free space");
     }
     ++rows_written_;
   }
@@ -172,7 +173,7 @@ class run_directory {
   std::filesystem::path path_;
   std::vector<std::string> columns_;
   std::vector<nlohmann::json> previous_;
-  std::ofstream result_, progress_;
+  cohort::detail::posix_file result_, progress_;
   std::size_t rows_written_ = 0;  ///< rows in result.json (earlier attempts' included)
   bool fresh_ = false;            ///< make() created the directory
 };

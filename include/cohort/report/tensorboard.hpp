@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -26,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cohort/detail/posix_file.hpp"
 #include "cohort/report/tensorboard_events.hpp"
 
 namespace cohort::report {
@@ -74,9 +74,6 @@ class event_writer {
       : dir_(std::move(dir)), fresh_(age == directory_age::just_created) {}
   event_writer(event_writer const&) = delete;
   event_writer& operator=(event_writer const&) = delete;
-  ~event_writer() {
-    if (fd_ >= 0) ::close(fd_);
-  }
 
   /// Events the file begins with after its SessionLog START (the HParams session of a trial).
   void set_preamble(std::string events) { preamble_ = std::move(events); }
@@ -88,7 +85,7 @@ class event_writer {
   void write(std::string& records) {
     if (failed_ || records.empty()) return;
     seal_records(records);
-    if (fd_ >= 0) return append(records);
+    if (file_.is_open()) return append(records);
     if (!open()) return;
     append(header(first_step(records)) + records);
   }
@@ -97,7 +94,7 @@ class event_writer {
   /// report: 1), so that the first write() only appends: a tuner's trial creates it as it starts,
   /// as Ray does, not as it ends (bench_tune scale/N). Fails as write() does.
   void create(std::int64_t step) {
-    if (failed_ || fd_ >= 0 || !open()) return;
+    if (failed_ || file_.is_open() || !open()) return;
     append(header(step));
   }
 
@@ -113,12 +110,7 @@ class event_writer {
 
   /// Appends `bytes` in as few write() calls as it takes.
   void append(std::string_view bytes) {
-    while (!bytes.empty()) {
-      auto const n = ::write(fd_, bytes.data(), bytes.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return fail(std::error_code(errno, std::generic_category()).message());
-      bytes.remove_prefix(static_cast<std::size_t>(n));
-    }
+    if (auto ec = file_.write(bytes)) fail(ec.message());
   }
 
   bool open() {
@@ -130,13 +122,14 @@ class event_writer {
     char host[256] = {};
     if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "localhost");
     auto const now_s = static_cast<std::int64_t>(wall_time_now_s());
-    for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {  // another file of that name: a later second
+    std::error_code ec;
+    for (int attempt = 0; attempt < 100 && !file_.is_open(); ++attempt) {  // another file of that name: a later second
       path_ = dir_ / events_file_name(now_s + attempt, host, static_cast<long>(::getpid()), existing);
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
-      if (fd_ < 0 && errno != EEXIST) break;
+      file_ = cohort::detail::posix_file::open(path_, O_CREAT | O_EXCL | O_APPEND, ec);
+      if (ec != std::errc::file_exists) break;
     }
-    if (fd_ < 0) {
-      fail(std::error_code(errno, std::generic_category()).message());
+    if (ec) {
+      fail(ec.message());
       return false;
     }
     return true;
@@ -151,7 +144,7 @@ class event_writer {
 
   std::filesystem::path dir_, path_;
   std::string preamble_;  ///< sealed TFRecords
-  int fd_ = -1;
+  cohort::detail::posix_file file_;
   bool fresh_ = false;
   bool failed_ = false;
 };
