@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -117,10 +118,7 @@ class run_directory {
   void append(nlohmann::json const& row, flat_row const& flat) {
     // The files stay open between reports (a report is one write() each, not an open and close:
     // the tuner's results/s benchmark); each line is written whole, so readers see whole rows.
-    std::error_code ec;
-    if (!result_.is_open()) result_ = cohort::detail::posix_file::append_to(path_ / "result.json", ec);
-    if (!ec) ec = result_.write(row.dump() + "\n");
-    if (ec) throw cohort::error("could not append to " + (path_ / "result.json").string() + " (" + ec.message() + "): check free space");
+    write_to(result_, "result.json", opened_as::append, row.dump() + "\n");
     bool widened = false;
     for (auto const& [k, v] : flat)
       if (std::find(columns_.begin(), columns_.end(), k) == columns_.end()) {
@@ -128,9 +126,7 @@ class run_directory {
         widened = true;
       }
     if (widened && rows_written_ == 0) {  // the first row: the header, then the row
-      if (!progress_.is_open()) progress_ = cohort::detail::posix_file::truncate(path_ / "progress.csv", ec);  // else created empty
-      if (!ec) ec = progress_.write(header() + csv_row(flat));
-      if (ec) throw cohort::error("could not write " + (path_ / "progress.csv").string() + " (" + ec.message() + "): check free space");
+      write_to(progress_, "progress.csv", opened_as::empty, header() + csv_row(flat));  // open: created empty
     } else if (widened) {  // rare: every row again, from result.json, under the wider header
       progress_.close();
       std::string all = header();
@@ -141,15 +137,27 @@ class run_directory {
       }
       write_file_atomic(path_ / "progress.csv", all);
     } else {
-      if (!progress_.is_open()) progress_ = cohort::detail::posix_file::append_to(path_ / "progress.csv", ec);
-      if (!ec) ec = progress_.write(csv_row(flat));
-      if (ec) throw cohort::error("could not append to " + (path_ / "progress.csv").string() + " (" + ec.message() + "): check free space");
+      write_to(progress_, "progress.csv", opened_as::append, csv_row(flat));
     }
     ++rows_written_;
   }
 
  private:
   using flat_row = std::vector<std::pair<std::string, nlohmann::json>>;
+  enum class opened_as { append, empty };
+
+  /// Writes `text` to `file`, first opening `name` in the run directory where it is not open (to
+  /// append to, or emptied); throws naming the file and why.
+  void write_to(cohort::detail::posix_file& file, char const* name, opened_as how, std::string_view text) {
+    auto const path = path_ / name;
+    std::error_code ec;
+    if (!file.is_open())
+      file = how == opened_as::empty ? cohort::detail::posix_file::truncate(path, ec) : cohort::detail::posix_file::append_to(path, ec);
+    if (!ec) ec = file.write(text);
+    if (ec)
+      throw cohort::error((how == opened_as::empty ? "could not write " : "could not append to ") + path.string() + " (" +
+                          ec.message() + "): check free space");
+  }
 
   std::string header() const {
     std::string s;
