@@ -3,7 +3,9 @@
 // cohort (mpirun -np N ./compare_cohort_cnn) or as a plain LibTorch loop in one process
 // (./compare_cohort_cnn --plain), the C++ baseline. Rank 0 prints JSON lines on stdout:
 //   {"event":"first_step","wall_s":...}   wall clock (Unix seconds) when the first step ended
-//   {"event":"done","steady_samples_per_s":...,"test_accuracy":...,"ranks":...,"libtorch":"..."}
+//   {"event":"done","steady_samples_per_s":...,"test_accuracy":...,"ranks":...,"libtorch":"...",
+//    "link_mb_per_s":...,"on_thread":...}   rank 0's estimate of its links' rate each way (0: none
+//    told it), and whether its buckets were reduced on a communication thread at the end
 // Flags: --data DIR --epochs N --max-train N --batch N (per rank) --warmup-steps N --prefetch N (batches the
 // loader prepares ahead on its thread; 0: none, on the training thread) --storage DIR --plain
 // --model cnn|mlp (mlp: 784->2048->2048->10 with ReLUs, 5.8 M parameters, 23 MB of gradients per
@@ -68,9 +70,10 @@ struct step_clock {
   }
 };
 
-void print_done(double samples_per_s, double accuracy, int ranks, std::int64_t steps) {
-  std::printf("{\"event\":\"done\",\"steady_samples_per_s\":%.3f,\"test_accuracy\":%.4f,\"ranks\":%d,\"steps_per_rank\":%lld,\"libtorch\":\"%s\"}\n",
-              samples_per_s, accuracy, ranks, static_cast<long long>(steps), TORCH_VERSION);
+void print_done(double samples_per_s, double accuracy, int ranks, std::int64_t steps, bool on_thread = false) {
+  std::printf("{\"event\":\"done\",\"steady_samples_per_s\":%.3f,\"test_accuracy\":%.4f,\"ranks\":%d,\"steps_per_rank\":%lld,\"libtorch\":\"%s\",\"link_mb_per_s\":%.1f,\"on_thread\":%s}\n",
+              samples_per_s, accuracy, ranks, static_cast<long long>(steps), TORCH_VERSION,
+              cohort::comm::detail::link_rate().load() / 1e6, on_thread ? "true" : "false");
 }
 
 /// The baseline: one process, a shuffled pass over the data per epoch, no cohort.
@@ -121,7 +124,8 @@ int distributed(settings const& s, cohort::tensor_dataset const& train, cohort::
     }
     if (ctx.world_rank() == 0) {
       double accuracy = static_cast<double>(count_correct(model, test, 0, test.inputs.size(0))) / static_cast<double>(test.inputs.size(0));
-      print_done(clock.samples_per_s(s.batch, ctx.world_size()), accuracy, ctx.world_size(), clock.steps);
+      print_done(clock.samples_per_s(s.batch, ctx.world_size()), accuracy, ctx.world_size(), clock.steps,
+                 model.reducer() && model.reducer()->on_communication_thread());
     }
   };
   cohort::trainer trainer{fn, cohort::datasets{{"train", train}}, cohort::scaling::cpu{.num_workers = ranks},

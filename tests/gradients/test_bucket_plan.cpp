@@ -71,3 +71,15 @@ TEST_CASE("a communication thread is used only when every local rank has a spare
   CHECK(cohort::use_communication_thread(reduce_on::communication_thread, 1, 4));
   CHECK_FALSE(cohort::use_communication_thread(reduce_on::training_thread, 64, 1));
 }
+
+TEST_CASE("an automatic reducer moves to a communication thread only on a measured slow link between nodes", "[torch][bucket][pure]") {
+  using cohort::reduce_on;
+  double const slow = cohort::slow_link_bytes_per_s / 2, fast = cohort::slow_link_bytes_per_s * 2;
+  CHECK(cohort::thread_for_link(reduce_on::automatic, 2, slow));
+  CHECK(cohort::thread_for_link(reduce_on::automatic, 8, slow));
+  CHECK_FALSE(cohort::thread_for_link(reduce_on::automatic, 2, fast));
+  CHECK_FALSE(cohort::thread_for_link(reduce_on::automatic, 2, cohort::slow_link_bytes_per_s));
+  CHECK_FALSE(cohort::thread_for_link(reduce_on::automatic, 2, 0));  // not measured yet
+  CHECK_FALSE(cohort::thread_for_link(reduce_on::automatic, 1, slow));  // one node: shared memory, whatever the rate
+  CHECK_FALSE(cohort::thread_for_link(reduce_on::training_thread, 2, slow));  // chosen by the user
+}

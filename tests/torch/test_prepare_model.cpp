@@ -112,8 +112,11 @@ std::vector<torch::Tensor> reference(int world, bool accumulate, int hidden = 8)
 /// Tiny buckets (many in flight) unless `hidden` is given: then the default caps, and buckets
 /// as large as the hidden layer. "in_place": whether autograd accumulated every gradient straight
 /// into the storage that .grad holds after backward (the bucket slot), none into a fresh tensor.
+/// `move_to_thread`: given to the reducer (detail::prepare_model_with) instead of the link's
+/// check; "on_thread": whether the reducer ends on its communication thread.
 nlohmann::json train_and_compare(cohort::context& ctx, bool accumulate, bool set_to_none = false,
-                                 cohort::reduce_on where = cohort::reduce_on::automatic, int hidden = 0) {
+                                 cohort::reduce_on where = cohort::reduce_on::automatic, int hidden = 0,
+                                 std::function<bool()> move_to_thread = {}) {
   auto expected = reference(ctx.world_size(), accumulate, hidden > 0 ? hidden : 8);
   torch::manual_seed(ctx.world_rank() == 0 ? 3 : 100 + ctx.world_rank());  // the broadcast must fix other ranks
   auto options = hidden > 0 ? cohort::model_options{.reduce_on = where}
@@ -121,7 +124,7 @@ nlohmann::json train_and_compare(cohort::context& ctx, bool accumulate, bool set
   mlp net(hidden > 0 ? hidden : 8);
   net->to(hidden > 0 ? torch::kDouble : torch::kFloat);
   grad_storage_seen seen(net->parameters());  // its hooks run before prepare_model's
-  auto model = ctx.prepare_model(net, options);
+  auto model = move_to_thread ? cohort::detail::prepare_model_with(ctx, net, options, move_to_thread) : ctx.prepare_model(net, options);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   auto const global = per_rank_batch * ctx.world_size();
   auto x = inputs(global * steps).to(hidden > 0 ? torch::kDouble : torch::kFloat), y = targets(x);
@@ -144,7 +147,8 @@ nlohmann::json train_and_compare(cohort::context& ctx, bool accumulate, bool set
     seen.check_after_backward();
     opt.step();
   }
-  return {{"close", close(flat_params(*model), expected, 1e-5)}, {"buckets", model.num_buckets()}, {"in_place", seen.in_place}};
+  return {{"close", close(flat_params(*model), expected, 1e-5)}, {"buckets", model.num_buckets()}, {"in_place", seen.in_place},
+          {"on_thread", model.reducer() && model.reducer()->on_communication_thread()}};
 }
 
 }  // namespace
@@ -167,6 +171,30 @@ TEST_CASE("equivalence holds with buckets reduced on a communication thread or t
     REQUIRE(r.ok());
     REQUIRE(r.return_values.size() == static_cast<std::size_t>(cohort_test::world_size()));  // a loop over none checks nothing
     for (auto const& v : r.return_values) CHECK(v["close"] == true);
+  }
+}
+
+TEST_CASE("equivalence holds when the reducer moves to its communication thread mid-run on one rank only", "[torch][equivalence][mpi]") {
+  // As an automatic reducer across hosts does once the link is measured slow; every other rank
+  // stays on the training thread. Accumulating: no_sync passes between, which are not counted.
+  static_assert(cohort::detail::gradient_reducer::link_decision_pass < steps, "some steps must run on the thread");
+  auto r = cohort::trainer{[](cohort::context& ctx) {
+             int asked = 0;
+             auto v = train_and_compare(ctx, true, false, cohort::reduce_on::training_thread, 0, [&] {
+               ++asked;
+               return ctx.world_rank() == 0;
+             });
+             v["asked"] = asked;
+             return v;
+           }}.fit(nlohmann::json::object(), quiet("move_to_thread"));
+  REQUIRE(r.ok());
+  REQUIRE(r.return_values.size() == static_cast<std::size_t>(cohort_test::world_size()));  // a loop over none checks nothing
+  for (std::size_t rank = 0; rank < r.return_values.size(); ++rank) {
+    auto const& v = r.return_values[rank];
+    CHECK(v["close"] == true);
+    bool const reducer = cohort_test::world_size() > 1;  // none on one rank: nothing to ask
+    CHECK(v["asked"] == (reducer ? 1 : 0));
+    CHECK(v["on_thread"] == (reducer && rank == 0));
   }
 }
 

@@ -8,7 +8,7 @@ namespace cohort {
 
 /// Where gradient buckets are all-reduced.
 enum class reduce_on {
-  automatic,             ///< a thread when each local rank has at least 2 cores (use_communication_thread)
+  automatic,             ///< a thread when each local rank has at least 2 cores, or across hosts on a slow link (thread_for_link)
   communication_thread,  ///< a thread per prepared model: all-reduces overlap the rest of backward
   training_thread,       ///< the training thread, every bucket in order at the end of backward (blocking)
 };
@@ -30,7 +30,8 @@ struct model_options {
   std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
   /// Where buckets are reduced. `automatic` chose best in bench/gradient_sync on a 2-core host
   /// with 2 ranks (docs/benchmarks.md): there the thread competes with backward for the cores and
-  /// MPI's busy-polling, and reducing on the training thread was faster at every size.
+  /// MPI's busy-polling, and reducing on the training thread was faster at every size. Across
+  /// hosts on a slow link it moves to the thread once the link's rate is measured (thread_for_link).
   cohort::reduce_on reduce_on = cohort::reduce_on::automatic;
   /// Compression of float32 gradient buckets for the all-reduce (float64 buckets are sent as
   /// they are). Unlike the knobs above, it changes the result: each rank's gradient divided by
@@ -48,6 +49,23 @@ struct model_options {
 inline bool use_communication_thread(reduce_on knob, int node_cores, int local_world_size) {
   if (knob != reduce_on::automatic) return knob == reduce_on::communication_thread;
   return node_cores >= 2 * (local_world_size > 0 ? local_world_size : 1);
+}
+
+/// The link rate each way, in bytes per second as comm::detail::link_rate measures it, under
+/// which a job across hosts reduces on a communication thread even with fewer than 2 cores per
+/// local rank: each all-reduce then leaves the cores idle for longer than the thread costs
+/// backward. 300 MB/s (2.4 Gbit/s): across 2 hosts x 2 ranks of one core, the CNN, the rate
+/// measured on the training thread was 111-124 MB/s on a 1 Gbit/s link and 245-253 on 2 Gbit/s,
+/// where the thread won (1.15x, 1.08x), and 402 or more from 3 Gbit/s up, where it lost
+/// (0.88-0.98x) (docs/benchmarks.md, "Across hosts").
+inline constexpr double slow_link_bytes_per_s = 300e6;
+
+/// Pure: whether a reducer whose knob is `knob`, on the training thread because
+/// use_communication_thread said no, moves to a communication thread, in a job across
+/// `num_nodes` nodes whose links were measured at `link_bytes_per_s` each way (0: not known).
+/// Only `automatic` moves, and only on a measured slow link between nodes.
+inline bool thread_for_link(reduce_on knob, int num_nodes, double link_bytes_per_s) {
+  return knob == reduce_on::automatic && num_nodes > 1 && link_bytes_per_s > 0 && link_bytes_per_s < slow_link_bytes_per_s;
 }
 
 }  // namespace cohort

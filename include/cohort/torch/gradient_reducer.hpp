@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -40,7 +41,7 @@ namespace cohort::detail {
 /// A hook after each parameter's gradient accumulation marks it ready; once all of a bucket's
 /// gradients are ready its all-reduce is handed to the reducer's communication thread (non-blocking
 /// for the training thread; MPI's blocking all-reduce is its fastest algorithm, and a thread of its
-/// own overlaps it with the rest of backward; see use_communication_thread for when it is used,
+/// own overlaps it with the rest of backward; see use_communication_thread and thread_for_link for when it is used,
 /// otherwise the buckets are reduced on the training thread, in order, once backward is done); an
 /// engine callback at the end of backward awaits the buckets. Each bucket is averaged by one all-reduce
 /// (reduce_op::avg, the division fused in; with compression a sum of values divided on the way in).
@@ -57,9 +58,14 @@ class gradient_reducer {
   /// `where`: reduce_on::communication_thread (a thread of its own, on the MPI path) or
   /// training_thread; the caller resolves automatic (use_communication_thread). `steps`: the
   /// ranks' agreement on control flow, started at the first hook of each synchronised backward
-  /// and awaited before its first all-reduce (null: none).
+  /// and awaited before its first all-reduce (null: none). `move_to_thread`: asked once, at the
+  /// end of synchronised backward number link_decision_pass, by a reducer on the training
+  /// thread; true starts the communication thread for the passes after it (prepare_model asks
+  /// thread_for_link with the link's measured rate). Ranks may answer differently: each rank
+  /// starts its all-reduces in bucket order on either thread, so the collectives still match.
   gradient_reducer(comm::any& c, std::vector<torch::Tensor> params, model_options const& options, reduce_on where,
-                   std::unique_ptr<device_buckets> device = nullptr, lockstep* steps = nullptr)
+                   std::unique_ptr<device_buckets> device = nullptr, lockstep* steps = nullptr,
+                   std::function<bool()> move_to_thread = {})
       : comm_(c),
         params_(std::move(params)),
         steps_(steps),
@@ -69,10 +75,9 @@ class gradient_reducer {
     pending_.assign(buckets_.size(), 0);
     int level = MPI_THREAD_SINGLE;
     MPI_Query_thread(&level);
-    if (!device_ && level >= MPI_THREAD_SERIALIZED && where == reduce_on::communication_thread) {
-      worker_.emplace("cohort-reduce", on_wakeup::preempt);  // backward's end waits for it
-      worker_->warm_up();
-    }
+    bool const threads_allowed = !device_ && level >= MPI_THREAD_SERIALIZED;
+    if (threads_allowed && where == reduce_on::communication_thread) start_communication_thread();
+    else if (threads_allowed) move_to_thread_ = std::move(move_to_thread);
     for (std::size_t i = 0; i < params_.size(); ++i) {
       buckets_.bind(i, params_[i]);
       auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
@@ -94,7 +99,13 @@ class gradient_reducer {
     }
   }
 
+  /// The synchronised backward pass at whose end move_to_thread is asked: by then the link's
+  /// rate has been measured on every bucket of the passes before (comm::detail::link_rate).
+  static constexpr std::int64_t link_decision_pass = 4;
+
   std::size_t num_buckets() const { return buckets_.size(); }
+  /// Whether buckets are reduced on the communication thread (from now on).
+  bool on_communication_thread() const { return worker_.has_value(); }
   bool sync_enabled = true;  ///< false inside no_sync(): gradients accumulate locally
 
   /// The parameters whose gradients are averaged (those that require grad).
@@ -241,6 +252,15 @@ class gradient_reducer {
     for (auto const& g : gates) g->wait();  // an async checkpoint still copying: the step must wait
     backward_versions_ = version_sum();
     sample_values(params_, backward_values_);  // per step: into the same buffer, no allocation
+    if (move_to_thread_ && ++synchronised_passes_ == link_decision_pass) {
+      if (move_to_thread_()) start_communication_thread();
+      move_to_thread_ = nullptr;
+    }
+  }
+
+  void start_communication_thread() {
+    worker_.emplace("cohort-reduce", on_wakeup::preempt);  // backward's end waits for it
+    worker_->warm_up();
   }
 
   std::int64_t version_sum() const {
@@ -269,6 +289,8 @@ class gradient_reducer {
   std::vector<std::shared_ptr<step_gate>> gates_;  ///< held by async checkpoints still copying
   /// The first failure on the communication thread: written by its jobs, read after wait().
   std::string worker_error_;
+  std::function<bool()> move_to_thread_;  ///< asked at the end of pass link_decision_pass, then dropped
+  std::int64_t synchronised_passes_ = 0;  ///< counted while move_to_thread_ waits
   std::optional<background_worker> worker_;  ///< the communication thread (MPI path), if any
   // The GPU path and the communication thread: declared after the buckets, so destroyed before
   // them (the one waits for the all-reduces still reading them, the other drains its queue).

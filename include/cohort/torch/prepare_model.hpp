@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -77,14 +78,14 @@ class prepared_model {
   std::shared_ptr<detail::gradient_reducer> reducer_;
 };
 
-/// `ctx.prepare_model(module, options)`: checks the layout on every rank (a mismatch is a
-/// cohort::error on every rank, naming the first differing tensor and rank), moves the module to
-/// the rank's device, broadcasts parameters and buffers from rank 0 and installs the gradient
-/// reducer. Collective: every rank of the trainer must call it, in the same order (a rank that
-/// does not is an error on every rank, see docs/fault-tolerance.md).
-/// Cost: one agreement (a small all-reduce), two allgathers of the layout text, one broadcast per tensor.
+namespace detail {
+
+/// prepare_model_for, with the question a reducer on the training thread asks once the link's
+/// rate is known (gradient_reducer's `move_to_thread`). Empty: thread_for_link with the measured
+/// rate, for `automatic` (tests give their own).
 template <class Module>
-prepared_model<Module> prepare_model_for(context& ctx, Module module, model_options const& options) {
+prepared_model<Module> prepare_model_with(context& ctx, Module module, model_options const& options,
+                                          std::function<bool()> move_to_thread) {
   detail::context_access::lockstep(ctx).agree(detail::step::prepare_model);  // every rank is here (else diverged on every rank)
   torch::nn::Module& m = *prepared_model<Module>(module, nullptr).get();
   m.to(to_torch(ctx.device()));
@@ -115,12 +116,29 @@ prepared_model<Module> prepare_model_for(context& ctx, Module module, model_opti
     auto const where = !on_gpu && use_communication_thread(options.reduce_on, scaling::node_cores(), ctx.local_world_size())
                            ? reduce_on::communication_thread
                            : reduce_on::training_thread;
+    if (!move_to_thread && options.reduce_on == reduce_on::automatic && ctx.num_nodes() > 1)
+      move_to_thread = [nodes = ctx.num_nodes()] {
+        return thread_for_link(reduce_on::automatic, nodes, comm::detail::link_rate().load(std::memory_order_relaxed));
+      };
     auto device = on_gpu ? detail::make_device_buckets(c, ctx.device().index, options.timeout_ms > 0 ? options.timeout_ms : ctx.collective_timeout_ms()) : nullptr;
     if (!params.empty())
       reducer = std::make_shared<detail::gradient_reducer>(c, std::move(params), options, where, std::move(device),
-                                                           &detail::context_access::lockstep(ctx));
+                                                           &detail::context_access::lockstep(ctx), std::move(move_to_thread));
   }
   return prepared_model<Module>(std::move(module), std::move(reducer));
+}
+
+}  // namespace detail
+
+/// `ctx.prepare_model(module, options)`: checks the layout on every rank (a mismatch is a
+/// cohort::error on every rank, naming the first differing tensor and rank), moves the module to
+/// the rank's device, broadcasts parameters and buffers from rank 0 and installs the gradient
+/// reducer. Collective: every rank of the trainer must call it, in the same order (a rank that
+/// does not is an error on every rank, see docs/fault-tolerance.md).
+/// Cost: one agreement (a small all-reduce), two allgathers of the layout text, one broadcast per tensor.
+template <class Module>
+prepared_model<Module> prepare_model_for(context& ctx, Module module, model_options const& options) {
+  return detail::prepare_model_with(ctx, std::move(module), options, {});
 }
 
 }  // namespace cohort
