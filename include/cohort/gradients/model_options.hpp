@@ -31,7 +31,8 @@ struct model_options {
   /// Where buckets are reduced. `automatic` chose best in bench/gradient_sync on a 2-core host
   /// with 2 ranks (docs/benchmarks.md): there the thread competes with backward for the cores and
   /// MPI's busy-polling, and reducing on the training thread was faster at every size. Across
-  /// hosts on a slow link it moves to the thread once the link's rate is measured (thread_for_link).
+  /// hosts it moves to the thread after the 4th synchronised backward when every rank measured
+  /// its link under slow_link_bytes_per_s by then (thread_for_link), and never later.
   cohort::reduce_on reduce_on = cohort::reduce_on::automatic;
   /// Compression of float32 gradient buckets for the all-reduce (float64 buckets are sent as
   /// they are). Unlike the knobs above, it changes the result: each rank's gradient divided by

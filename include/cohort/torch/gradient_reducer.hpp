@@ -60,9 +60,12 @@ class gradient_reducer {
   /// ranks' agreement on control flow, started at the first hook of each synchronised backward
   /// and awaited before its first all-reduce (null: none). `move_to_thread`: asked once, at the
   /// end of synchronised backward number link_decision_pass, by a reducer on the training
-  /// thread; true starts the communication thread for the passes after it (prepare_model asks
-  /// thread_for_link with the link's measured rate). Ranks may answer differently: each rank
-  /// starts its all-reduces in bucket order on either thread, so the collectives still match.
+  /// thread (prepare_model asks thread_for_link with the link's rate measured by then); the
+  /// communication thread starts for the passes after it when every rank answered true (one
+  /// all-reduce of the answers). Every rank must be given one or none. Collective, because a
+  /// rank on the thread finishes the ranks' agreement (`steps`) mid-backward, where a rank on the
+  /// training thread makes no MPI call until backward's end: the one would wait there for the
+  /// other's whole backward.
   gradient_reducer(comm::any& c, std::vector<torch::Tensor> params, model_options const& options, reduce_on where,
                    std::unique_ptr<device_buckets> device = nullptr, lockstep* steps = nullptr,
                    std::function<bool()> move_to_thread = {})
@@ -99,8 +102,9 @@ class gradient_reducer {
     }
   }
 
-  /// The synchronised backward pass at whose end move_to_thread is asked: by then the link's
-  /// rate has been measured on every bucket of the passes before (comm::detail::link_rate).
+  /// The synchronised backward pass at whose end move_to_thread is asked, never later: by then
+  /// the passes before have measured the link's rate (comm::detail::link_rate, from the ring
+  /// all-reduce's transfers of at least rate_sample_min_bytes).
   static constexpr std::int64_t link_decision_pass = 4;
 
   std::size_t num_buckets() const { return buckets_.size(); }
@@ -253,8 +257,10 @@ class gradient_reducer {
     backward_versions_ = version_sum();
     sample_values(params_, backward_values_);  // per step: into the same buffer, no allocation
     if (move_to_thread_ && ++synchronised_passes_ == link_decision_pass) {
-      if (move_to_thread_()) start_communication_thread();
+      std::int32_t every_rank = move_to_thread_() ? 1 : 0;
       move_to_thread_ = nullptr;
+      comm_.allreduce(&every_rank, 1, comm::reduce_op::min);  // no bucket in flight: backward is done
+      if (every_rank == 1) start_communication_thread();
     }
   }
 
