@@ -60,9 +60,11 @@ class gradient_reducer {
   /// ranks' agreement on control flow, started at the first hook of each synchronised backward
   /// and awaited before its first all-reduce (null: none). `move_to_thread`: asked once, at the
   /// end of synchronised backward number link_decision_pass, by a reducer on the training
-  /// thread (prepare_model asks thread_for_link with the link's rate measured by then); the
-  /// communication thread starts for the passes after it when every rank answered true (one
-  /// all-reduce of the answers). Every rank must be given one or none. Collective, because a
+  /// thread (prepare_model asks thread_for_link with the link's rate measured by then; a
+  /// reducer already on the thread counts as true, unasked); the communication thread starts for
+  /// the passes after it when every rank answered true (one all-reduce of the answers). Every
+  /// rank must be given one or none (on a job across uneven hosts some ranks start on the
+  /// thread: use_communication_thread counts each node's ranks). Collective, because a
   /// rank on the thread finishes the ranks' agreement (`steps`) mid-backward, where a rank on the
   /// training thread makes no MPI call until backward's end: the one would wait there for the
   /// other's whole backward.
@@ -80,7 +82,7 @@ class gradient_reducer {
     MPI_Query_thread(&level);
     bool const threads_allowed = !device_ && level >= MPI_THREAD_SERIALIZED;
     if (threads_allowed && where == reduce_on::communication_thread) start_communication_thread();
-    else if (threads_allowed) move_to_thread_ = std::move(move_to_thread);
+    if (threads_allowed) move_to_thread_ = std::move(move_to_thread);
     for (std::size_t i = 0; i < params_.size(); ++i) {
       buckets_.bind(i, params_[i]);
       auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
@@ -257,10 +259,10 @@ class gradient_reducer {
     backward_versions_ = version_sum();
     sample_values(params_, backward_values_);  // per step: into the same buffer, no allocation
     if (move_to_thread_ && ++synchronised_passes_ == link_decision_pass) {
-      std::int32_t every_rank = move_to_thread_() ? 1 : 0;
+      std::int32_t every_rank = worker_ || move_to_thread_() ? 1 : 0;
       move_to_thread_ = nullptr;
       comm_.allreduce(&every_rank, 1, comm::reduce_op::min);  // no bucket in flight: backward is done
-      if (every_rank == 1) start_communication_thread();
+      if (every_rank == 1 && !worker_) start_communication_thread();
     }
   }
 
