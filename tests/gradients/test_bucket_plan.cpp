@@ -75,11 +75,25 @@ TEST_CASE("a communication thread is used only when every local rank has a spare
 TEST_CASE("an automatic reducer moves to a communication thread only on a measured slow link between nodes", "[torch][bucket][pure]") {
   using cohort::reduce_on;
   double const slow = cohort::slow_link_bytes_per_s / 2, fast = cohort::slow_link_bytes_per_s * 2;
-  CHECK(cohort::thread_for_link(reduce_on::automatic, 2, slow));
-  CHECK(cohort::thread_for_link(reduce_on::automatic, 8, slow));
-  CHECK_FALSE(cohort::thread_for_link(reduce_on::automatic, 2, fast));
-  CHECK_FALSE(cohort::thread_for_link(reduce_on::automatic, 2, cohort::slow_link_bytes_per_s));
-  CHECK_FALSE(cohort::thread_for_link(reduce_on::automatic, 2, 0));  // not measured yet
-  CHECK_FALSE(cohort::thread_for_link(reduce_on::automatic, 1, slow));  // one node: shared memory, whatever the rate
-  CHECK_FALSE(cohort::thread_for_link(reduce_on::training_thread, 2, slow));  // chosen by the user
+  CHECK(cohort::thread_for_link(reduce_on::automatic, 2, slow, 2));
+  CHECK(cohort::thread_for_link(reduce_on::automatic, 8, slow, 0.5));
+  CHECK_FALSE(cohort::thread_for_link(reduce_on::automatic, 2, fast, 2));
+  CHECK_FALSE(cohort::thread_for_link(reduce_on::automatic, 2, cohort::slow_link_bytes_per_s, 2));
+  CHECK_FALSE(cohort::thread_for_link(reduce_on::automatic, 2, 0, 2));  // not measured yet
+  CHECK_FALSE(cohort::thread_for_link(reduce_on::automatic, 1, slow, 2));  // one node: shared memory, whatever the rate
+  CHECK_FALSE(cohort::thread_for_link(reduce_on::training_thread, 2, slow, 2));  // chosen by the user
+}
+
+TEST_CASE("the rate under which automatic moves to the thread falls with the square of the ranks per core beyond 2", "[torch][bucket][pure]") {
+  using cohort::reduce_on;
+  CHECK(cohort::slow_link_threshold(0.25) == cohort::slow_link_bytes_per_s);
+  CHECK(cohort::slow_link_threshold(2) == cohort::slow_link_bytes_per_s);
+  CHECK(cohort::slow_link_threshold(4) == cohort::slow_link_bytes_per_s / 4);
+  CHECK(cohort::slow_link_threshold(8) == cohort::slow_link_bytes_per_s / 16);
+  // The rates read across 2 hosts x 4 ranks of one core (docs/benchmarks.md): 200 Mbit/s moves,
+  // 1 Gbit/s and an unshaped link stay; at 2 ranks a core 1 Gbit/s moves.
+  CHECK(cohort::thread_for_link(reduce_on::automatic, 2, 23e6, 4));
+  CHECK_FALSE(cohort::thread_for_link(reduce_on::automatic, 2, 121e6, 4));
+  CHECK_FALSE(cohort::thread_for_link(reduce_on::automatic, 2, 175e6, 4));
+  CHECK(cohort::thread_for_link(reduce_on::automatic, 2, 124e6, 2));
 }
