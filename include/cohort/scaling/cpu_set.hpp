@@ -239,4 +239,12 @@ inline rank_cores cores_of_this_rank(int node_cores, int local_ranks) {
   return {static_cast<int>(p.mine.size()), std::max(1, ranks_sharing(p.mine, p.ranks))};
 }
 
+/// The job's ranks on this node per CPU the node gives the job (its cpuset, the launcher's
+/// CPUs); `local_ranks` over `node_cores` when the placement is not known.
+inline double ranks_per_core(int node_cores, int local_ranks) {
+  auto const& p = placement();
+  if (!p.known || p.node.empty()) return static_cast<double>(local_ranks) / std::max(1, node_cores);
+  return static_cast<double>(p.ranks.size()) / static_cast<double>(p.node.size());
+}
+
 }  // namespace cohort::scaling

@@ -117,16 +117,10 @@ prepared_model<Module> prepare_model_with(context& ctx, Module module, model_opt
     auto const where = !on_gpu && use_communication_thread(options.reduce_on, scaling::node_cores(), ctx.local_world_size())
                            ? reduce_on::communication_thread
                            : reduce_on::training_thread;
-    if (!move_to_thread && options.reduce_on == reduce_on::automatic && ctx.num_nodes() > 1) {
-      // The job's ranks on this node per CPU it gives the job (its cpuset, the launcher's CPUs).
-      auto const& placed = scaling::placement();
-      double const per_core = placed.known && !placed.node.empty()
-                                  ? static_cast<double>(placed.ranks.size()) / static_cast<double>(placed.node.size())
-                                  : static_cast<double>(ctx.local_world_size()) / scaling::node_cores();
-      move_to_thread = [nodes = ctx.num_nodes(), per_core] {
+    if (!move_to_thread && options.reduce_on == reduce_on::automatic && ctx.num_nodes() > 1)
+      move_to_thread = [nodes = ctx.num_nodes(), per_core = scaling::ranks_per_core(scaling::node_cores(), ctx.local_world_size())] {
         return thread_for_link(reduce_on::automatic, nodes, comm::detail::link_rate().load(std::memory_order_relaxed), per_core);
       };
-    }
     auto device = on_gpu ? detail::make_device_buckets(c, ctx.device().index, options.timeout_ms > 0 ? options.timeout_ms : ctx.collective_timeout_ms()) : nullptr;
     if (!params.empty())
       reducer = std::make_shared<detail::gradient_reducer>(c, std::move(params), options, where, std::move(device),
