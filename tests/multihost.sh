@@ -4,7 +4,8 @@
 # its own host name and address, mpirun reaching them through an rsh agent, MPI over TCP). Exits 77
 # (ctest: Skipped) with the reason when namespaces cannot be made here. Cases:
 #   dp_2x2          2 hosts x 2 ranks: data-parallel equivalence with one process; every rank's
-#                   node_rank, local_rank, local_world_size, num_nodes
+#                   node_rank, local_rank, local_world_size, num_nodes, and which of its ring
+#                   neighbours are on another host
 #   uneven_3hosts   3 hosts with 2, 1, 1 slots: placement; a rank SIGKILLed, cohort-run relaunches and
 #                   the run resumes through storage every host sees, equal to the uninterrupted run
 #   private_storage storage_path only rank 0's host sees: a clear error at setup on every rank, no checkpoint
@@ -44,6 +45,10 @@ check_topology() {
     lws=$(printf '%s\n' "${hosts_of[@]}" | grep -c "^$h\$")
     want="topology world_rank=$r world_size=$n node_rank=$((node - 1)) num_nodes=$nodes local_rank=$local local_world_size=$lws host=$h"
     grep -qx "$want" <<<"$out" || { grep topology <<<"$out"; fail "rank $r: expected '$want'"; }
+    # The world ring's neighbours on another host: their transfers go in pieces (comm::mpi).
+    want="ring world_rank=$r right_other_node=$([ "${hosts_of[$(((r + 1) % n))]}" = "$h" ] && echo 0 || echo 1)"
+    want+=" left_other_node=$([ "${hosts_of[$(((r + n - 1) % n))]}" = "$h" ] && echo 0 || echo 1)"
+    grep -qx "$want" <<<"$out" || { grep "^ring" <<<"$out"; fail "rank $r: expected '$want'"; }
   done
 }
 

@@ -93,6 +93,25 @@ inline scaling::cpu_placement find_cpu_placement(MPI_Comm node) {
   return p;
 }
 
+/// Per world rank of `world` ranks: whether it runs on another node than the ranks of `node`
+/// (this node's communicator). Local: a group translation.
+inline std::vector<bool> world_ranks_off_node(MPI_Comm node, int world) {
+  int ranks = 0;
+  MPI_Comm_size(node, &ranks);
+  MPI_Group node_group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+  MPI_Comm_group(node, &node_group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+  std::vector<int> local(static_cast<std::size_t>(ranks)), in_world(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) local[static_cast<std::size_t>(r)] = r;
+  MPI_Group_translate_ranks(node_group, ranks, local.data(), world_group, in_world.data());
+  MPI_Group_free(&node_group);
+  MPI_Group_free(&world_group);
+  std::vector<bool> off(static_cast<std::size_t>(world), true);
+  for (int w : in_world)
+    if (w >= 0 && w < world) off[static_cast<std::size_t>(w)] = false;
+  return off;
+}
+
 /// Initialises MPI with MPI_THREAD_MULTIPLE (the tuner's coordinator thread on rank 0 talks to the
 /// trial groups while rank 0's own trial trains) unless it is already up. Returns true when this
 /// call initialised it.
@@ -108,9 +127,10 @@ inline bool ensure_mpi(int* argc, char*** argv) {
   MPI_Comm_size(node, &job_ranks_on_node());
   MPI_Comm_rank(node, &job_local_rank());
   scaling::placement() = find_cpu_placement(node);
-  MPI_Comm_free(&node);
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
+  comm::detail::world_rank_on_other_node() = world_ranks_off_node(node, world);
+  MPI_Comm_free(&node);
   comm::detail::spin_limit_us() =
       comm::detail::spin_limit(world, job_ranks_on_node(), static_cast<int>(scaling::placement().node.size())).count();
   if (provided >= MPI_THREAD_MULTIPLE) comm::detail::job_alarm().start();  // tested from any waiting thread

@@ -10,6 +10,7 @@
 #include <limits>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
 #include <string>
 #include <vector>
@@ -301,4 +302,55 @@ TEST_CASE("cohort's MPI start-up sets this job's spin limit from its ranks and c
                                                          static_cast<int>(cohort::scaling::placement().node.size()));
   CHECK(cohort::comm::detail::spin_limit_us().load() == expected.count());
   CHECK(cohort::detail::job_ranks_on_node() == world);  // the tests run on one node
+}
+
+TEST_CASE("transfers to another node go in pieces under Open MPI's TCP eager limit, on one node whole", "[comm][pure]") {
+  using cohort::comm::detail::piece_elements;
+  CHECK(piece_elements(true, sizeof(float)) * sizeof(float) == cohort::comm::detail::remote_piece_bytes);
+  CHECK(piece_elements(true, sizeof(double)) * sizeof(double) <= cohort::comm::detail::remote_piece_bytes);
+  CHECK(cohort::comm::detail::remote_piece_bytes < std::size_t{64} << 10);  // the eager limit, headers included
+  CHECK(piece_elements(false, sizeof(float)) == cohort::comm::detail::max_chunk);
+  CHECK(piece_elements(true, std::size_t{1} << 20) == 1);  // never zero
+}
+
+TEST_CASE("the ring's average is bitwise the same whatever pieces its transfers go in", "[comm][mpi]") {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<std::byte> scratch;
+  cohort::comm::collective const what{"allreduce", "world", 1, 0};
+  // Segments that the pieces do not divide (a prime count), pieces of a few elements up to larger
+  // than a segment, and pieces that differ each way (a rank with one neighbour on another node).
+  for (cohort::comm::detail::ring_pieces pieces : {cohort::comm::detail::ring_pieces{1000, 1000},
+                                                   cohort::comm::detail::ring_pieces{7, 7},
+                                                   cohort::comm::detail::ring_pieces{777, 777},
+                                                   cohort::comm::detail::ring_pieces{1 << 20, 1 << 20}}) {
+    std::vector<float> whole(20011), pieced;
+    for (std::size_t i = 0; i < whole.size(); ++i) whole[i] = std::sin(float(i) * 0.37f + float(rank));
+    pieced = whole;
+    cohort::comm::detail::ring_average(whole.data(), whole.size(), MPI_COMM_WORLD, rank, size, scratch, what, 0);
+    cohort::comm::detail::ring_average(pieced.data(), pieced.size(), MPI_COMM_WORLD, rank, size, scratch, what, 0, pieces);
+    CHECK(std::memcmp(whole.data(), pieced.data(), whole.size() * sizeof(float)) == 0);
+  }
+  // Each way its own size: the right neighbour's receive pieces are this rank's send pieces.
+  std::vector<double> a(30011), b;
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = double(i % 101) * (rank + 1);
+  b = a;
+  cohort::comm::detail::ring_average(a.data(), a.size(), MPI_COMM_WORLD, rank, size, scratch, what, 0);
+  std::size_t const mine = 500 + 100 * static_cast<std::size_t>(rank);
+  std::size_t const lefts = 500 + 100 * static_cast<std::size_t>((rank + size - 1) % size);
+  cohort::comm::detail::ring_average(b.data(), b.size(), MPI_COMM_WORLD, rank, size, scratch, what, 0,
+                                     cohort::comm::detail::ring_pieces{mine, lefts});
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+}
+
+TEST_CASE("on one node no rank is on another node, and the world's ring goes whole", "[comm][mpi]") {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  auto const& remote = cohort::comm::detail::world_rank_on_other_node();
+  REQUIRE(remote.size() == static_cast<std::size_t>(world));  // set by cohort's MPI start-up
+  CHECK(std::none_of(remote.begin(), remote.end(), [](bool r) { return r; }));
+  auto const c = cohort::comm::mpi::world();
+  CHECK_FALSE(c.right_on_other_node());
+  CHECK_FALSE(c.left_on_other_node());
 }

@@ -50,10 +50,15 @@ class mpi {
       : comm_(comm), owned_(who == ownership::owned), options_(options) {
     detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     detail::check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    if (size_ > 1) {
+      right_remote_ = detail::on_other_node(comm_, (rank_ + 1) % size_);
+      left_remote_ = detail::on_other_node(comm_, (rank_ + size_ - 1) % size_);
+    }
   }
   mpi(mpi&& o) noexcept
       : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), owned_(std::exchange(o.owned_, false)),
-        rank_(o.rank_), size_(o.size_), options_(o.options_), sequence_(o.sequence_), scratch_(std::move(o.scratch_)) {}
+        rank_(o.rank_), size_(o.size_), right_remote_(o.right_remote_), left_remote_(o.left_remote_), options_(o.options_),
+        sequence_(o.sequence_), scratch_(std::move(o.scratch_)) {}
   mpi& operator=(mpi&& o) noexcept {
     if (this != &o) {
       release();
@@ -61,6 +66,8 @@ class mpi {
       owned_ = std::exchange(o.owned_, false);
       rank_ = o.rank_;
       size_ = o.size_;
+      right_remote_ = o.right_remote_;
+      left_remote_ = o.left_remote_;
       options_ = o.options_;
       sequence_ = o.sequence_;
       scratch_ = std::move(o.scratch_);
@@ -77,6 +84,10 @@ class mpi {
   int size() const { return size_; }
   /// The MPI handle, for code that calls MPI directly.
   MPI_Comm native() const { return comm_; }
+  /// Whether the ring's neighbours (rank + 1 and rank - 1) run on other nodes: their transfers
+  /// then go in pieces under Open MPI's TCP eager limit (detail::remote_piece_bytes).
+  bool right_on_other_node() const { return right_remote_; }
+  bool left_on_other_node() const { return left_remote_; }
   /// The deadline and name of this communicator's collectives.
   mpi_options const& options() const { return options_; }
   void set_options(mpi_options options) { options_ = options; }
@@ -93,7 +104,7 @@ class mpi {
         if constexpr (std::floating_point<T>) {
           if (size_ > 1 && count * sizeof(T) >= detail::ring_min_bytes_per_rank * static_cast<std::size_t>(size_)) {
             detail::ring_average(data, count, comm_, rank_, size_, scratch_, next("allreduce", count * sizeof(T)),
-                                 options_.timeout_ms);
+                                 options_.timeout_ms, ring_pieces<T>());
             return;
           }
         }
@@ -173,6 +184,10 @@ class mpi {
 
  private:
   collective next(char const* kind, std::size_t bytes) const { return {kind, options_.name, ++sequence_, bytes}; }
+  template <class T>
+  detail::ring_pieces ring_pieces() const {
+    return {detail::piece_elements(right_remote_, sizeof(T)), detail::piece_elements(left_remote_, sizeof(T))};
+  }
   void barrier_named(char const* kind) const {
     auto const what = next(kind, 0);
     MPI_Request r;
@@ -188,6 +203,8 @@ class mpi {
   bool owned_ = false;
   int rank_ = 0;
   int size_ = 1;
+  bool right_remote_ = false;  ///< rank + 1 runs on another node (detail::on_other_node)
+  bool left_remote_ = false;   ///< rank - 1 runs on another node
   mpi_options options_{};
   mutable std::uint64_t sequence_ = 0;  ///< collectives started on this communicator (split() counts)
   std::vector<std::byte> scratch_;  ///< ring_average's receive segment

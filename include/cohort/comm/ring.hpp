@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// The ring all-reduce comm::mpi averages large buffers with (reduce-scatter then all-gather, the
-/// division fused into the last reduction step), its vectorised element loops, and the size from
-/// which it is used.
+/// division fused into the last reduction step), its vectorised element loops, the size from
+/// which it is used, and the pieces its transfers to ranks on other nodes are cut into.
 
 #include <mpi.h>
 
@@ -34,34 +34,90 @@ void accumulate(T* __restrict dst, T const* __restrict src, std::size_t n, T sca
   }
 }
 
-/// `ns` elements to `to` and `nr` elements from `from` (non-blocking, waited for with the
-/// deadline of `what`), in max_chunk pieces (the peer's counts mirror these, so both sides make the
-/// same number of calls). Each piece's time feeds the link's rate (note_transfer), which sets how
-/// often waits poll.
-template <class T>
-void sendrecv(T const* send, std::size_t ns, int to, T* recv, std::size_t nr, int from, MPI_Comm comm,
-              collective const& what, int timeout_ms) {
-  constexpr int tag = 0x636f;  // "co": cohort's ring all-reduce
-  for (std::size_t off = 0; off < std::max(ns, nr); off += max_chunk) {
-    auto s = static_cast<int>(off < ns ? std::min(max_chunk, ns - off) : 0);
-    auto r = static_cast<int>(off < nr ? std::min(max_chunk, nr - off) : 0);
-    MPI_Request reqs[2];
-    check_mpi(MPI_Irecv(recv + off, r, mpi_type<T>(), from, tag, comm, &reqs[0]), "MPI_Irecv");
-    check_mpi(MPI_Isend(send + off, s, mpi_type<T>(), to, tag, comm, &reqs[1]), "MPI_Isend");
-    auto const start = std::chrono::steady_clock::now();
-    wait_all(reqs, 2, what, timeout_ms);
-    note_transfer(static_cast<std::size_t>(std::max(s, r)) * sizeof(T),
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
+/// The most bytes of one message to or from a rank on another node (piece_elements). Open MPI's
+/// TCP transport sends a message of up to its eager limit (btl_tcp_eager_limit: 64 KiB with its
+/// headers) at once; a larger one waits for the receiver's answer to its first fragment, and that
+/// answer queues behind whatever the receiver is sending on the same connection. When both
+/// directions of a ring step share one TCP connection (which connection each rank's data takes
+/// is settled at run time), each rank's answer waited behind its own segment and the two
+/// directions went one after the other: across 2 hosts at 1 Gbit/s the MLP's runs that took that
+/// path trained at 0.7-0.8x the others' samples/s, and the CNN, whose runs mostly took it, gained
+/// 7-13% from pieces (docs/benchmarks.md, "Across hosts"). Pieces under the eager limit need no
+/// answer, so both directions stream at once on any connection. A job that lowers the eager limit
+/// gets the handshake back, not wrong results.
+inline constexpr std::size_t remote_piece_bytes = std::size_t{63} << 10;
+
+/// Pure: the elements of one message of a transfer between this rank and a peer, `remote` when
+/// the peer is on another node (remote_piece_bytes), else as many as one MPI call takes.
+constexpr std::size_t piece_elements(bool remote, std::size_t element_bytes) {
+  return remote ? std::max<std::size_t>(1, remote_piece_bytes / element_bytes) : max_chunk;
 }
+
+/// Whether each world rank runs on another node than this one, set when cohort starts MPI
+/// (environment.hpp); empty where MPI was started by someone else (every peer then counts as on
+/// this node).
+inline std::vector<bool>& world_rank_on_other_node() {
+  static std::vector<bool> remote;
+  return remote;
+}
+
+/// Whether `peer` of `comm` runs on another node (world_rank_on_other_node). Local: a group
+/// translation, no communication.
+inline bool on_other_node(MPI_Comm comm, int peer) {
+  auto const& remote = world_rank_on_other_node();
+  if (remote.empty()) return false;
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  check_mpi(MPI_Comm_group(comm, &group), "MPI_Comm_group");
+  check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world), "MPI_Comm_group");
+  int in_world = MPI_UNDEFINED;
+  check_mpi(MPI_Group_translate_ranks(group, 1, &peer, world, &in_world), "MPI_Group_translate_ranks");
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  return in_world >= 0 && static_cast<std::size_t>(in_world) < remote.size() && remote[static_cast<std::size_t>(in_world)];
+}
+
+/// `ns` elements to `to` in messages of `send_piece` elements and `nr` elements from `from` in
+/// messages of `recv_piece` (the peers' pieces mirror these), every receive posted before the
+/// first send, all waited for together with the deadline of `what`. The transfer's time feeds
+/// the link's rate (note_transfer), which sets how often waits poll. `requests` is reused.
+template <class T>
+void sendrecv(T const* send, std::size_t ns, int to, std::size_t send_piece, T* recv, std::size_t nr, int from,
+              std::size_t recv_piece, MPI_Comm comm, collective const& what, int timeout_ms,
+              std::vector<MPI_Request>& requests) {
+  constexpr int tag = 0x636f;  // "co": cohort's ring all-reduce
+  requests.clear();
+  auto const start = std::chrono::steady_clock::now();
+  for (std::size_t off = 0; off < nr || (off == 0 && nr == 0); off += recv_piece) {
+    requests.emplace_back(MPI_REQUEST_NULL);
+    check_mpi(MPI_Irecv(recv + off, static_cast<int>(std::min(recv_piece, nr - off)), mpi_type<T>(), from, tag, comm,
+                        &requests.back()),
+              "MPI_Irecv");
+  }
+  for (std::size_t off = 0; off < ns || (off == 0 && ns == 0); off += send_piece) {
+    requests.emplace_back(MPI_REQUEST_NULL);
+    check_mpi(MPI_Isend(send + off, static_cast<int>(std::min(send_piece, ns - off)), mpi_type<T>(), to, tag, comm,
+                        &requests.back()),
+              "MPI_Isend");
+  }
+  wait_all(requests.data(), static_cast<int>(requests.size()), what, timeout_ms);
+  note_transfer(std::max(ns, nr) * sizeof(T),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+/// The message sizes of a ring's two transfers, in elements: to the rank on the right and from
+/// the rank on the left (piece_elements).
+struct ring_pieces {
+  std::size_t to_right = max_chunk;
+  std::size_t from_left = max_chunk;
+};
 
 /// In-place average over `size` ranks with a ring (reduce-scatter, then all-gather: each rank
 /// sends and receives 2 (size-1)/size of the buffer, like NCCL's ring), the division fused into
 /// the last reduction step so no extra pass over the buffer is made. Every rank ends with
-/// bitwise the same values. `scratch` holds one segment; it only grows.
+/// bitwise the same values, whatever the pieces. `scratch` holds one segment; it only grows.
 template <class T>
 void ring_average(T* data, std::size_t count, MPI_Comm comm, int rank, int size, std::vector<std::byte>& scratch,
-                  collective const& what, int timeout_ms) {
+                  collective const& what, int timeout_ms, ring_pieces pieces = {}) {
   auto const n = static_cast<std::size_t>(size);
   auto begin = [&](int s) { return count / n * static_cast<std::size_t>(s) + std::min(count % n, static_cast<std::size_t>(s)); };
   auto length = [&](int s) { return begin(s + 1) - begin(s); };
@@ -69,14 +125,17 @@ void ring_average(T* data, std::size_t count, MPI_Comm comm, int rank, int size,
   T* tmp = reinterpret_cast<T*>(scratch.data());
   int const right = (rank + 1) % size, left = (rank + size - 1) % size;
   T const factor = T(1) / static_cast<T>(size);
+  thread_local std::vector<MPI_Request> requests;
   for (int k = 0; k + 1 < size; ++k) {
     int const out = (rank - k + size) % size, in = (rank - k - 1 + 2 * size) % size;
-    sendrecv(data + begin(out), length(out), right, tmp, length(in), left, comm, what, timeout_ms);
+    sendrecv(data + begin(out), length(out), right, pieces.to_right, tmp, length(in), left, pieces.from_left, comm, what,
+             timeout_ms, requests);
     accumulate(data + begin(in), tmp, length(in), factor, k + 2 == size);
   }
   for (int k = 0; k + 1 < size; ++k) {
     int const out = (rank + 1 - k + size) % size, in = (rank - k + size) % size;
-    sendrecv(data + begin(out), length(out), right, data + begin(in), length(in), left, comm, what, timeout_ms);
+    sendrecv(data + begin(out), length(out), right, pieces.to_right, data + begin(in), length(in), left,
+             pieces.from_left, comm, what, timeout_ms, requests);
   }
 }
 
