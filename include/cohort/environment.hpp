@@ -129,7 +129,11 @@ inline bool ensure_mpi(int* argc, char*** argv) {
   scaling::placement() = find_cpu_placement(node);
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  comm::detail::world_rank_on_other_node() = world_ranks_off_node(node, world);
+  // Transfers to other nodes go in pieces where every node talks over TCP (ring.hpp,
+  // remote_piece_bytes): agreed by all ranks, since both ends of a transfer must cut it alike.
+  int tcp_everywhere = node_has_fabric() ? 0 : 1;
+  MPI_Allreduce(MPI_IN_PLACE, &tcp_everywhere, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (tcp_everywhere == 1) comm::detail::world_rank_on_other_node() = world_ranks_off_node(node, world);
   MPI_Comm_free(&node);
   comm::detail::spin_limit_us() =
       comm::detail::spin_limit(world, job_ranks_on_node(), static_cast<int>(scaling::placement().node.size())).count();

@@ -34,17 +34,17 @@ void accumulate(T* __restrict dst, T const* __restrict src, std::size_t n, T sca
   }
 }
 
-/// The most bytes of one message to or from a rank on another node (piece_elements). Open MPI's
-/// TCP transport sends a message of up to its eager limit (btl_tcp_eager_limit: 64 KiB with its
-/// headers) at once; a larger one waits for the receiver's answer to its first fragment, and that
-/// answer queues behind whatever the receiver is sending on the same connection. When both
-/// directions of a ring step share one TCP connection (which connection each rank's data takes
-/// is settled at run time), each rank's answer waited behind its own segment and the two
-/// directions went one after the other: across 2 hosts at 1 Gbit/s the MLP's runs that took that
-/// path trained at 0.7-0.8x the others' samples/s, and the CNN, whose runs mostly took it, gained
-/// 7-13% from pieces (docs/benchmarks.md, "Across hosts"). Pieces under the eager limit need no
-/// answer, so both directions stream at once on any connection. A job that lowers the eager limit
-/// gets the handshake back, not wrong results.
+/// The most bytes of one message to or from a rank on another node (piece_elements), where the
+/// nodes talk over TCP. Open MPI's TCP transport sends a message of up to its eager limit
+/// (btl_tcp_eager_limit: 64 KiB with its headers) at once; a larger one waits for the receiver's
+/// answer to its first fragment, and that answer queues behind whatever the receiver is sending on
+/// the same connection. When both directions of a ring step share one TCP connection (which
+/// connection each rank's data takes is settled at run time), each rank's answer waited behind
+/// its own segment and the two directions went one after the other: across 2 hosts at 1 Gbit/s
+/// the MLP's runs that took that path trained at 0.7-0.8x the others' samples/s
+/// (docs/benchmarks.md, "Across hosts"). Pieces under the eager limit need no answer, so both
+/// directions stream at once on any connection. A job that lowers the eager limit gets the
+/// handshake back, not wrong results.
 inline constexpr std::size_t remote_piece_bytes = std::size_t{63} << 10;
 
 /// Pure: the elements of one message of a transfer between this rank and a peer, `remote` when
@@ -53,9 +53,10 @@ constexpr std::size_t piece_elements(bool remote, std::size_t element_bytes) {
   return remote ? std::max<std::size_t>(1, remote_piece_bytes / element_bytes) : max_chunk;
 }
 
-/// Whether each world rank runs on another node than this one, set when cohort starts MPI
-/// (environment.hpp); empty where MPI was started by someone else (every peer then counts as on
-/// this node).
+/// Whether each world rank runs on another node than this one, set when cohort starts MPI on
+/// nodes that talk over TCP (environment.hpp); empty on every rank where MPI was started by
+/// someone else or a node has a fabric (RDMA moves large messages without a copy): every peer then
+/// counts as on this node, and no transfer goes in pieces.
 inline std::vector<bool>& world_rank_on_other_node() {
   static std::vector<bool> remote;
   return remote;
@@ -70,9 +71,10 @@ inline bool on_other_node(MPI_Comm comm, int peer) {
   check_mpi(MPI_Comm_group(comm, &group), "MPI_Comm_group");
   check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world), "MPI_Comm_group");
   int in_world = MPI_UNDEFINED;
-  check_mpi(MPI_Group_translate_ranks(group, 1, &peer, world, &in_world), "MPI_Group_translate_ranks");
+  int const rc = MPI_Group_translate_ranks(group, 1, &peer, world, &in_world);
   MPI_Group_free(&group);
   MPI_Group_free(&world);
+  check_mpi(rc, "MPI_Group_translate_ranks");
   return in_world >= 0 && static_cast<std::size_t>(in_world) < remote.size() && remote[static_cast<std::size_t>(in_world)];
 }
 
@@ -85,6 +87,8 @@ void sendrecv(T const* send, std::size_t ns, int to, std::size_t send_piece, T* 
               std::size_t recv_piece, MPI_Comm comm, collective const& what, int timeout_ms,
               std::vector<MPI_Request>& requests) {
   constexpr int tag = 0x636f;  // "co": cohort's ring all-reduce
+  send_piece = std::max<std::size_t>(send_piece, 1);
+  recv_piece = std::max<std::size_t>(recv_piece, 1);
   requests.clear();
   auto const start = std::chrono::steady_clock::now();
   for (std::size_t off = 0; off < nr || (off == 0 && nr == 0); off += recv_piece) {
