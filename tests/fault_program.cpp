@@ -86,9 +86,9 @@ int main(int argc, char** argv) {
     std::printf("topology world_rank=%d world_size=%d node_rank=%d num_nodes=%d local_rank=%d local_world_size=%d host=%s\n",
                 ctx.world_rank(), ctx.world_size(), ctx.node_rank(), ctx.num_nodes(), ctx.local_rank(),
                 ctx.local_world_size(), host);
-    auto const world = cohort::comm::mpi::world();  // its ring's neighbours: pieces across hosts
-    std::printf("ring world_rank=%d right_other_node=%d left_other_node=%d\n", ctx.world_rank(),
-                world.right_on_other_node() ? 1 : 0, world.left_on_other_node() ? 1 : 0);
+    auto const world = cohort::comm::mpi::world();  // its ring's neighbours: pieces across hosts; half-float sums round the ring
+    std::printf("ring world_rank=%d right_other_node=%d left_other_node=%d across_nodes=%d\n", ctx.world_rank(),
+                world.right_on_other_node() ? 1 : 0, world.left_on_other_node() ? 1 : 0, world.across_nodes() ? 1 : 0);
     std::fflush(stdout);
     torch::manual_seed(11);
     auto model = ctx.prepare_model(net());

@@ -45,9 +45,11 @@ check_topology() {
     lws=$(printf '%s\n' "${hosts_of[@]}" | grep -c "^$h\$")
     want="topology world_rank=$r world_size=$n node_rank=$((node - 1)) num_nodes=$nodes local_rank=$local local_world_size=$lws host=$h"
     grep -qx "$want" <<<"$out" || { grep topology <<<"$out"; fail "rank $r: expected '$want'"; }
-    # The world ring's neighbours on another host: their transfers go in pieces (comm::mpi).
+    # The world ring's neighbours on another host: their transfers go in pieces (comm::mpi); and
+    # whether the world spans hosts.
     want="ring world_rank=$r right_other_node=$([ "${hosts_of[$(((r + 1) % n))]}" = "$h" ] && echo 0 || echo 1)"
     want+=" left_other_node=$([ "${hosts_of[$(((r + n - 1) % n))]}" = "$h" ] && echo 0 || echo 1)"
+    want+=" across_nodes=$([ "$nodes" -gt 1 ] && echo 1 || echo 0)"  # compressed sums: the ring across hosts
     grep -qx "$want" <<<"$out" || { grep "^ring" <<<"$out"; fail "rank $r: expected '$want'"; }
   done
 }

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <numeric>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -98,16 +99,10 @@ inline scaling::cpu_placement find_cpu_placement(MPI_Comm node) {
 inline std::vector<bool> world_ranks_off_node(MPI_Comm node, int world) {
   int ranks = 0;
   MPI_Comm_size(node, &ranks);
-  MPI_Group node_group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
-  MPI_Comm_group(node, &node_group);
-  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
-  std::vector<int> local(static_cast<std::size_t>(ranks)), in_world(static_cast<std::size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) local[static_cast<std::size_t>(r)] = r;
-  MPI_Group_translate_ranks(node_group, ranks, local.data(), world_group, in_world.data());
-  MPI_Group_free(&node_group);
-  MPI_Group_free(&world_group);
+  std::vector<int> local(static_cast<std::size_t>(ranks));
+  std::iota(local.begin(), local.end(), 0);
   std::vector<bool> off(static_cast<std::size_t>(world), true);
-  for (int w : in_world)
+  for (int w : comm::detail::world_ranks_of(node, local))
     if (w >= 0 && w < world) off[static_cast<std::size_t>(w)] = false;
   return off;
 }

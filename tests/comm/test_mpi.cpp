@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -203,6 +204,59 @@ TEMPLATE_TEST_CASE("mpi reduces bfloat16 and float16 in float32, identically on 
   CHECK(bits == lo);
 }
 
+TEMPLATE_TEST_CASE("the ring sums bfloat16 and float16 as the user operation does, identically on every rank",
+                   "[comm][mpi]", cohort::comm::bfloat16, cohort::comm::float16) {
+  using half = TestType;
+  int r = 0, n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  float const ulp = std::is_same_v<half, cohort::comm::bfloat16> ? 0x1p-7f : 0x1p-10f;  // at 1
+  std::size_t const count = std::size_t(20000) * static_cast<std::size_t>(n) + 7;  // unequal segments
+  std::vector<half> exact(count), rounding(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    exact[i] = half::from_float(float(i % 5 + static_cast<std::size_t>(r)));
+    rounding[i] = half::from_float(std::sin(float(i) * 0.37f + float(r)));
+  }
+  auto by_user_op = rounding;
+  std::vector<std::byte> scratch;
+  cohort::comm::collective const what{"allreduce", "world", 1, 0};
+  cohort::comm::detail::ring_allreduce(exact.data(), count, reduce_op::sum, MPI_COMM_WORLD, r, n, scratch, what, 0);
+  bool all_exact = true;  // small integers: exact in both types
+  for (std::size_t i = 0; i < count; ++i) all_exact = all_exact && exact[i].to_float() == float(n * int(i % 5) + n * (n - 1) / 2);
+  CHECK(all_exact);
+  cohort::comm::detail::ring_allreduce(rounding.data(), count, reduce_op::sum, MPI_COMM_WORLD, r, n, scratch, what, 0);
+  MPI_Allreduce(MPI_IN_PLACE, by_user_op.data(), static_cast<int>(count), MPI_UINT16_T,
+                cohort::comm::detail::mpi_op_for<half>(reduce_op::sum), MPI_COMM_WORLD);
+  // In float32, one rounding per addition: at 2 ranks one addition, the same in any order; with
+  // more the orders differ, each within a rounding per addition of a sum of at most n.
+  bool close = true;
+  for (std::size_t i = 0; i < count; ++i)
+    close = close && (n <= 2 ? rounding[i] == by_user_op[i]
+                             : std::abs(rounding[i].to_float() - by_user_op[i].to_float()) <= float(n * n) * ulp);
+  CHECK(close);
+  std::vector<std::uint64_t> lo(count), hi(count);
+  for (std::size_t i = 0; i < count; ++i) lo[i] = hi[i] = rounding[i].bits;
+  MPI_Allreduce(MPI_IN_PLACE, lo.data(), static_cast<int>(count), MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, hi.data(), static_cast<int>(count), MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(lo == hi);
+}
+
+TEST_CASE("the ring takes every average, and half-float sums only on a communicator across nodes", "[comm][pure]") {
+  using cohort::comm::bfloat16;
+  using cohort::comm::float16;
+  using cohort::comm::detail::ring_reduces;
+  for (bool across : {false, true}) {
+    CHECK(ring_reduces<float>(reduce_op::avg, across));
+    CHECK(ring_reduces<bfloat16>(reduce_op::avg, across));
+    CHECK_FALSE(ring_reduces<float>(reduce_op::sum, across));
+    CHECK_FALSE(ring_reduces<bfloat16>(reduce_op::max, across));
+  }
+  CHECK(ring_reduces<bfloat16>(reduce_op::sum, true));
+  CHECK(ring_reduces<float16>(reduce_op::sum, true));
+  CHECK_FALSE(ring_reduces<bfloat16>(reduce_op::sum, false));  // one node: Open MPI's user operation is as fast
+  CHECK_FALSE(ring_reduces<std::int64_t>(reduce_op::sum, true));
+}
+
 TEST_CASE("Open MPI runs with cohort's transport defaults unless the job set its own", "[comm][mpi]") {
   // cohort::environment (the tests' main) set them before MPI_Init; a job's own value wins.
   bool const job_names_pml =
@@ -313,7 +367,7 @@ TEST_CASE("transfers to another node go in pieces under Open MPI's TCP eager lim
   CHECK(piece_elements(true, std::size_t{1} << 20) == 1);  // never zero
 }
 
-TEST_CASE("the ring's average is bitwise the same whatever pieces its transfers go in", "[comm][mpi]") {
+TEST_CASE("the ring's average and half-float sum are bitwise the same whatever pieces its transfers go in", "[comm][mpi]") {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -328,20 +382,29 @@ TEST_CASE("the ring's average is bitwise the same whatever pieces its transfers 
     std::vector<float> whole(20011), pieced;
     for (std::size_t i = 0; i < whole.size(); ++i) whole[i] = std::sin(float(i) * 0.37f + float(rank));
     pieced = whole;
-    cohort::comm::detail::ring_average(whole.data(), whole.size(), MPI_COMM_WORLD, rank, size, scratch, what, 0);
-    cohort::comm::detail::ring_average(pieced.data(), pieced.size(), MPI_COMM_WORLD, rank, size, scratch, what, 0, pieces);
+    cohort::comm::detail::ring_allreduce(whole.data(), whole.size(), cohort::comm::reduce_op::avg, MPI_COMM_WORLD, rank, size, scratch, what, 0);
+    cohort::comm::detail::ring_allreduce(pieced.data(), pieced.size(), cohort::comm::reduce_op::avg, MPI_COMM_WORLD, rank, size, scratch, what, 0, pieces);
     CHECK(std::memcmp(whole.data(), pieced.data(), whole.size() * sizeof(float)) == 0);
   }
   // Each way its own size: the right neighbour's receive pieces are this rank's send pieces.
   std::vector<double> a(30011), b;
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = double(i % 101) * (rank + 1);
   b = a;
-  cohort::comm::detail::ring_average(a.data(), a.size(), MPI_COMM_WORLD, rank, size, scratch, what, 0);
+  cohort::comm::detail::ring_allreduce(a.data(), a.size(), cohort::comm::reduce_op::avg, MPI_COMM_WORLD, rank, size, scratch, what, 0);
   std::size_t const mine = 500 + 100 * static_cast<std::size_t>(rank);
   std::size_t const lefts = 500 + 100 * static_cast<std::size_t>((rank + size - 1) % size);
-  cohort::comm::detail::ring_average(b.data(), b.size(), MPI_COMM_WORLD, rank, size, scratch, what, 0,
+  cohort::comm::detail::ring_allreduce(b.data(), b.size(), cohort::comm::reduce_op::avg, MPI_COMM_WORLD, rank, size, scratch, what, 0,
                                      cohort::comm::detail::ring_pieces{mine, lefts});
   CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+  // A compressed bucket's sum the same way.
+  std::vector<cohort::comm::bfloat16> h(20011), hp;
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = cohort::comm::bfloat16::from_float(std::sin(float(i) * 0.37f + float(rank)));
+  hp = h;
+  cohort::comm::detail::ring_allreduce(h.data(), h.size(), cohort::comm::reduce_op::sum, MPI_COMM_WORLD, rank, size,
+                                       scratch, what, 0);
+  cohort::comm::detail::ring_allreduce(hp.data(), hp.size(), cohort::comm::reduce_op::sum, MPI_COMM_WORLD, rank, size,
+                                       scratch, what, 0, cohort::comm::detail::ring_pieces{7, 7});
+  CHECK(h == hp);
 }
 
 TEST_CASE("on one node no rank is on another node, and the world's ring goes whole", "[comm][mpi]") {
@@ -354,4 +417,5 @@ TEST_CASE("on one node no rank is on another node, and the world's ring goes who
   auto const c = cohort::comm::mpi::world();
   CHECK_FALSE(c.right_on_other_node());
   CHECK_FALSE(c.left_on_other_node());
+  CHECK_FALSE(c.across_nodes());
 }

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -53,11 +54,15 @@ class mpi {
     if (size_ > 1) {
       right_remote_ = detail::on_other_node(comm_, (rank_ + 1) % size_);
       left_remote_ = detail::on_other_node(comm_, (rank_ + size_ - 1) % size_);
+      std::vector<int> all(static_cast<std::size_t>(size_));
+      std::iota(all.begin(), all.end(), 0);
+      across_nodes_ = detail::on_other_node(comm_, all);
     }
   }
   mpi(mpi&& o) noexcept
       : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), owned_(std::exchange(o.owned_, false)),
-        rank_(o.rank_), size_(o.size_), right_remote_(o.right_remote_), left_remote_(o.left_remote_), options_(o.options_),
+        rank_(o.rank_), size_(o.size_), right_remote_(o.right_remote_), left_remote_(o.left_remote_),
+        across_nodes_(o.across_nodes_), options_(o.options_),
         sequence_(o.sequence_), scratch_(std::move(o.scratch_)) {}
   mpi& operator=(mpi&& o) noexcept {
     if (this != &o) {
@@ -68,6 +73,7 @@ class mpi {
       size_ = o.size_;
       right_remote_ = o.right_remote_;
       left_remote_ = o.left_remote_;
+      across_nodes_ = o.across_nodes_;
       options_ = o.options_;
       sequence_ = o.sequence_;
       scratch_ = std::move(o.scratch_);
@@ -88,26 +94,30 @@ class mpi {
   /// then go in pieces under Open MPI's TCP eager limit (detail::remote_piece_bytes).
   bool right_on_other_node() const { return right_remote_; }
   bool left_on_other_node() const { return left_remote_; }
+  /// Whether the communicator spans more than one node: the same on every rank.
+  bool across_nodes() const { return across_nodes_; }
   /// The deadline and name of this communicator's collectives.
   mpi_options const& options() const { return options_; }
   void set_options(mpi_options options) { options_ = options; }
 
   /// In-place element-wise reduction over all ranks. Cost: one MPI_Iallreduce per 1 Gi elements;
-  /// reduce_op::avg: a ring all-reduce with the division fused in (detail::ring_average) from
-  /// 32 KiB per rank, else MPI_Iallreduce and one scaling pass.
+  /// from 32 KiB per rank a ring all-reduce instead (detail::ring_allreduce) for reduce_op::avg
+  /// (the division fused in) and, across nodes, for sums of bfloat16 and float16 (compressed
+  /// gradients; detail::ring_reduces); a smaller average is MPI_Iallreduce and one scaling pass.
   template <reducible T>
   void allreduce(T* data, std::size_t count, reduce_op op) {
+    if constexpr (detail::averageable<T>) {
+      if (detail::ring_reduces<T>(op, across_nodes_) && size_ > 1 &&
+          count * sizeof(T) >= detail::ring_min_bytes_per_rank * static_cast<std::size_t>(size_)) {
+        detail::ring_allreduce(data, count, op, comm_, rank_, size_, scratch_, next("allreduce", count * sizeof(T)),
+                               options_.timeout_ms, ring_pieces<T>());
+        return;
+      }
+    }
     if (op == reduce_op::avg) {
       if constexpr (!detail::averageable<T>) {
         detail::avg_needs_floating();
       } else {
-        if constexpr (std::floating_point<T>) {
-          if (size_ > 1 && count * sizeof(T) >= detail::ring_min_bytes_per_rank * static_cast<std::size_t>(size_)) {
-            detail::ring_average(data, count, comm_, rank_, size_, scratch_, next("allreduce", count * sizeof(T)),
-                                 options_.timeout_ms, ring_pieces<T>());
-            return;
-          }
-        }
         allreduce(data, count, reduce_op::sum);
         detail::scale(data, count, detail::scale_type<T>(1) / static_cast<detail::scale_type<T>>(size_));
       }
@@ -205,6 +215,7 @@ class mpi {
   int size_ = 1;
   bool right_remote_ = false;  ///< rank + 1 runs on another node (detail::on_other_node)
   bool left_remote_ = false;   ///< rank - 1 runs on another node
+  bool across_nodes_ = false;  ///< some rank runs on another node: then every rank has one
   mpi_options options_{};
   mutable std::uint64_t sequence_ = 0;  ///< collectives started on this communicator (split() counts)
   std::vector<std::byte> scratch_;  ///< ring_average's receive segment

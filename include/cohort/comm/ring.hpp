@@ -1,8 +1,9 @@
 #pragma once
 /// \file
-/// The ring all-reduce comm::mpi averages large buffers with (reduce-scatter then all-gather, the
-/// division fused into the last reduction step), its vectorised element loops, the size from
-/// which it is used, and the pieces its transfers to ranks on other nodes are cut into.
+/// The ring all-reduce comm::mpi averages large buffers with, and across nodes sums large bfloat16
+/// and float16 ones with (reduce-scatter then all-gather, an average's division fused into the last
+/// reduction step), its element loops, the size from which it is used, and the pieces its
+/// transfers to ranks on other nodes are cut into.
 
 #include <mpi.h>
 
@@ -19,7 +20,7 @@ namespace cohort::comm::detail {
 
 /// `dst[i] = (dst[i] + src[i]) * scale` when `scaled`, else `dst[i] += src[i]`. Restrict
 /// pointers and fixed-size blocks let GCC vectorise it at -O2 as well as -O3.
-template <class T>
+template <std::floating_point T>
 void accumulate(T* __restrict dst, T const* __restrict src, std::size_t n, T scale, bool scaled) {
   constexpr std::size_t block = 64;
   std::size_t i = 0;
@@ -32,6 +33,19 @@ void accumulate(T* __restrict dst, T const* __restrict src, std::size_t n, T sca
       for (std::size_t j = 0; j < block; ++j) dst[i + j] += src[i + j];
     for (; i < n; ++i) dst[i] += src[i];
   }
+}
+
+/// The same for bfloat16 and float16: each pair added in float32 (then scaled) and rounded back
+/// once, as the MPI user operation of mpi_op_for and NCCL reduce them; in blocks, like the loop
+/// above, with conversions that have no branches, so that GCC vectorises it.
+template <half_float T>
+void accumulate(T* __restrict dst, T const* __restrict src, std::size_t n, float scale, bool scaled) {
+  constexpr std::size_t block = 64;
+  float const s = scaled ? scale : 1.0f;  // x * 1 is x: one loop for both
+  std::size_t i = 0;
+  for (; i + block <= n; i += block)
+    for (std::size_t j = 0; j < block; ++j) dst[i + j] = T::from_float((dst[i + j].to_float() + src[i + j].to_float()) * s);
+  for (; i < n; ++i) dst[i] = T::from_float((dst[i].to_float() + src[i].to_float()) * s);
 }
 
 /// The most bytes of one message to or from a rank on another node (piece_elements), where the
@@ -62,21 +76,33 @@ inline std::vector<bool>& world_rank_on_other_node() {
   return remote;
 }
 
-/// Whether `peer` of `comm` runs on another node (world_rank_on_other_node). Local: a group
-/// translation, no communication.
-inline bool on_other_node(MPI_Comm comm, int peer) {
-  auto const& remote = world_rank_on_other_node();
-  if (remote.empty()) return false;
+/// The ranks of MPI_COMM_WORLD that `ranks` of `comm` are (MPI_UNDEFINED for none). Local: a
+/// group translation, no communication.
+inline std::vector<int> world_ranks_of(MPI_Comm comm, std::vector<int> const& ranks) {
+  std::vector<int> in_world(ranks.size(), MPI_UNDEFINED);
   MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
   check_mpi(MPI_Comm_group(comm, &group), "MPI_Comm_group");
   check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world), "MPI_Comm_group");
-  int in_world = MPI_UNDEFINED;
-  int const rc = MPI_Group_translate_ranks(group, 1, &peer, world, &in_world);
+  int const rc = MPI_Group_translate_ranks(group, static_cast<int>(ranks.size()), ranks.data(), world, in_world.data());
   MPI_Group_free(&group);
   MPI_Group_free(&world);
   check_mpi(rc, "MPI_Group_translate_ranks");
-  return in_world >= 0 && static_cast<std::size_t>(in_world) < remote.size() && remote[static_cast<std::size_t>(in_world)];
+  return in_world;
 }
+
+/// Whether any of `ranks` of `comm` runs on another node than this one (world_rank_on_other_node).
+/// Local: no communication.
+inline bool on_other_node(MPI_Comm comm, std::vector<int> const& ranks) {
+  auto const& remote = world_rank_on_other_node();
+  if (remote.empty()) return false;
+  auto const in_world = world_ranks_of(comm, ranks);
+  return std::any_of(in_world.begin(), in_world.end(), [&](int w) {
+    return w >= 0 && static_cast<std::size_t>(w) < remote.size() && remote[static_cast<std::size_t>(w)];
+  });
+}
+
+/// Whether `peer` of `comm` runs on another node.
+inline bool on_other_node(MPI_Comm comm, int peer) { return on_other_node(comm, std::vector<int>{peer}); }
 
 /// `ns` elements to `to` in messages of `send_piece` elements and `nr` elements from `from` in
 /// messages of `recv_piece` (the peers' pieces mirror these), every receive posted before the
@@ -115,26 +141,40 @@ struct ring_pieces {
   std::size_t from_left = max_chunk;
 };
 
-/// In-place average over `size` ranks with a ring (reduce-scatter, then all-gather: each rank
-/// sends and receives 2 (size-1)/size of the buffer, like NCCL's ring), the division fused into
-/// the last reduction step so no extra pass over the buffer is made. Every rank ends with
-/// bitwise the same values, whatever the pieces. `scratch` holds one segment; it only grows.
+/// Pure: whether comm::mpi reduces `op` on T with ring_allreduce (from ring_min_bytes_per_rank):
+/// the average of floating types; and the sum of bfloat16 and float16 (compressed gradient
+/// buckets) on a communicator `across_nodes`. Open MPI reduces those sums with a user operation in
+/// its own algorithm: on one node on par with the ring or faster (docs/benchmarks.md, "Gradient
+/// synchronisation"), across nodes over TCP whole messages that wait for a handshake, which left
+/// compression no faster than none (docs/benchmarks.md, "Across hosts").
 template <class T>
-void ring_average(T* data, std::size_t count, MPI_Comm comm, int rank, int size, std::vector<std::byte>& scratch,
-                  collective const& what, int timeout_ms, ring_pieces pieces = {}) {
+constexpr bool ring_reduces(reduce_op op, bool across_nodes) {
+  return (op == reduce_op::avg && averageable<T>) || (op == reduce_op::sum && half_float<T> && across_nodes);
+}
+
+/// In-place sum or average (`op`, ring_reduces) over `size` ranks with a ring (reduce-scatter,
+/// then all-gather: each rank sends and receives 2 (size-1)/size of the buffer, like NCCL's ring),
+/// an average's division fused into the last reduction step so no extra pass over the buffer is
+/// made. Every rank ends with bitwise the same values, whatever the pieces. `scratch` holds one
+/// segment; it only grows.
+template <class T>
+  requires averageable<T>
+void ring_allreduce(T* data, std::size_t count, reduce_op op, MPI_Comm comm, int rank, int size,
+                    std::vector<std::byte>& scratch, collective const& what, int timeout_ms, ring_pieces pieces = {}) {
   auto const n = static_cast<std::size_t>(size);
   auto begin = [&](int s) { return count / n * static_cast<std::size_t>(s) + std::min(count % n, static_cast<std::size_t>(s)); };
   auto length = [&](int s) { return begin(s + 1) - begin(s); };
   if (scratch.size() < length(0) * sizeof(T)) scratch.resize(length(0) * sizeof(T));
   T* tmp = reinterpret_cast<T*>(scratch.data());
   int const right = (rank + 1) % size, left = (rank + size - 1) % size;
-  T const factor = T(1) / static_cast<T>(size);
+  auto const factor = scale_type<T>(1) / static_cast<scale_type<T>>(size);
+  bool const average = op == reduce_op::avg;
   thread_local std::vector<MPI_Request> requests;
   for (int k = 0; k + 1 < size; ++k) {
     int const out = (rank - k + size) % size, in = (rank - k - 1 + 2 * size) % size;
     sendrecv(data + begin(out), length(out), right, pieces.to_right, tmp, length(in), left, pieces.from_left, comm, what,
              timeout_ms, requests);
-    accumulate(data + begin(in), tmp, length(in), factor, k + 2 == size);
+    accumulate(data + begin(in), tmp, length(in), factor, average && k + 2 == size);
   }
   for (int k = 0; k + 1 < size; ++k) {
     int const out = (rank + 1 - k + size) % size, in = (rank - k + size) % size;
@@ -143,8 +183,8 @@ void ring_average(T* data, std::size_t count, MPI_Comm comm, int rank, int size,
   }
 }
 
-/// Buffers of at least this many bytes per rank are averaged with ring_average; smaller ones
-/// with MPI_Allreduce (fewer steps) and a scaling pass. Chosen by bench_gradient_sync's ring
+/// Buffers of at least this many bytes per rank are reduced with ring_allreduce; smaller ones
+/// with MPI_Allreduce (fewer steps) and, for an average, a scaling pass. Chosen by bench_gradient_sync's ring
 /// against MPI_Allreduce table (docs/benchmarks.md, "Gradient synchronisation"): at 2 ranks the
 /// ring mostly takes 1.2-1.8x the time below 8 KiB per rank, is on par at 8 KiB and faster in
 /// every run from 16 KiB per rank; 32 KiB leaves one size of margin.
