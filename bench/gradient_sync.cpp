@@ -6,8 +6,11 @@
 //   cohort_backward/S   the same backward through ctx.prepare_model (hooks, buckets, all-reduce)
 // Sync cost = cohort_backward - local_backward; throughput ratio = raw_allreduce / sync cost.
 // And how comm::mpi averages a buffer (reduce_op::avg), for each size 1 KiB .. 4 MiB:
-//   avg_ring/S          comm::detail::ring_average (reduce-scatter + all-gather, division fused)
+//   avg_ring/S          comm::detail::ring_allreduce (reduce-scatter + all-gather, division fused)
 //   avg_allreduce/S     MPI_Allreduce (in place) and a scaling pass
+// and sums a bfloat16 buffer (a compressed gradient bucket, model_options::compression):
+//   bf16_ring/S         comm::detail::ring_allreduce, reduce_op::sum
+//   bf16_allreduce/S    MPI_Allreduce (in place) with comm's bfloat16 user operation
 // The second table is where comm::detail::ring_min_bytes_per_rank comes from.
 #include <cohort/cohort.hpp>
 
@@ -61,7 +64,30 @@ void avg_ring(benchmark::State& state) {
   cohort::comm::collective const what{"allreduce", "bench", 1, buf.size() * sizeof(float)};
   for (auto _ : state)
     cohort_bench::timed_iteration(state, [&] {
-      cohort::comm::detail::ring_average(buf.data(), buf.size(), MPI_COMM_WORLD, rank, size, scratch, what, 0);
+      cohort::comm::detail::ring_allreduce(buf.data(), buf.size(), cohort::comm::reduce_op::avg, MPI_COMM_WORLD, rank, size, scratch, what, 0);
+    });
+}
+
+void bf16_ring(benchmark::State& state) {
+  std::vector<cohort::comm::bfloat16> buf(static_cast<std::size_t>(state.range(0) / 2), cohort::comm::bfloat16::from_float(1.0f));
+  std::vector<std::byte> scratch;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  cohort::comm::collective const what{"allreduce", "bench", 1, buf.size() * 2};
+  for (auto _ : state)
+    cohort_bench::timed_iteration(state, [&] {
+      cohort::comm::detail::ring_allreduce(buf.data(), buf.size(), cohort::comm::reduce_op::sum, MPI_COMM_WORLD, rank,
+                                           size, scratch, what, 0);
+    });
+}
+
+void bf16_allreduce(benchmark::State& state) {
+  std::vector<cohort::comm::bfloat16> buf(static_cast<std::size_t>(state.range(0) / 2), cohort::comm::bfloat16::from_float(1.0f));
+  auto const op = cohort::comm::detail::mpi_op_for<cohort::comm::bfloat16>(cohort::comm::reduce_op::sum);
+  for (auto _ : state)
+    cohort_bench::timed_iteration(state, [&] {
+      MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(buf.size()), MPI_UINT16_T, op, MPI_COMM_WORLD);
     });
 }
 
@@ -139,9 +165,10 @@ void register_all() {
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
   }
-  for (auto* fn : {&avg_ring, &avg_allreduce})
+  for (auto [name, fn] : {std::pair{"avg_ring", &avg_ring}, std::pair{"avg_allreduce", &avg_allreduce},
+                          std::pair{"bf16_ring", &bf16_ring}, std::pair{"bf16_allreduce", &bf16_allreduce}})
     for (std::int64_t bytes = 1 << 10; bytes <= max_avg_bytes(); bytes *= 2)
-      benchmark::RegisterBenchmark(fn == &avg_ring ? "avg_ring" : "avg_allreduce", fn)
+      benchmark::RegisterBenchmark(name, fn)
           ->Arg(bytes)
           ->Iterations(iterations_for(bytes))
           ->UseManualTime()
@@ -169,14 +196,17 @@ int main(int argc, char** argv) {
       std::printf("| %lld | %.1f | %.1f | %.2f |\n", static_cast<long long>(bytes), raw * 1e6, sync * 1e6,
                   sync > 0 ? raw / sync : 0.0);
     }
-    std::printf("\n| buffer bytes | per rank | ring_average (us) | MPI_Allreduce + scale (us) | ring / allreduce time |\n");
-    std::printf("|---:|---:|---:|---:|---:|\n");
+    std::printf("\n| buffer bytes | per rank | float32 average: ring (us) | MPI_Allreduce + scale (us) | ring / allreduce time "
+                "| bfloat16 sum: ring (us) | MPI_Allreduce, user op (us) | ring / allreduce time |\n");
+    std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (std::int64_t bytes = 1 << 10; bytes <= max_avg_bytes(); bytes *= 2) {
       auto key = [&](char const* n) { return std::string(n) + "/" + std::to_string(bytes) + "/iterations:" +
                                               std::to_string(iterations_for(bytes)) + "/manual_time"; };
       double ring = t[key("avg_ring")], all = t[key("avg_allreduce")];
-      std::printf("| %lld | %lld | %.1f | %.1f | %.2f |\n", static_cast<long long>(bytes),
-                  static_cast<long long>(bytes / ctx.world_size()), ring * 1e6, all * 1e6, all > 0 ? ring / all : 0.0);
+      double ring16 = t[key("bf16_ring")], all16 = t[key("bf16_allreduce")];
+      std::printf("| %lld | %lld | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f |\n", static_cast<long long>(bytes),
+                  static_cast<long long>(bytes / ctx.world_size()), ring * 1e6, all * 1e6, all > 0 ? ring / all : 0.0,
+                  ring16 * 1e6, all16 * 1e6, all16 > 0 ? ring16 / all16 : 0.0);
     }
   }}.fit(nlohmann::json::object(), {.name = "", .storage_path = "/tmp/cohort_bench", .verbose = 0});
   return cohort_bench::exit_status(result);

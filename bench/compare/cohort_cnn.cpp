@@ -11,7 +11,8 @@
 // --model cnn|mlp (mlp: 784->2048->2048->10 with ReLUs, 5.8 M parameters, 23 MB of gradients per
 // step against the CNN's 1.7 MB: where the all-reduce, not the computation, sets the pace)
 // --reduce-on automatic|thread|training (model_options::reduce_on: cohort::reduce_on::automatic,
-// communication_thread or training_thread)
+// communication_thread or training_thread) --compression none|bf16|fp16 (model_options::compression:
+// gradients travel as bfloat16 or float16, as DDP's bf16_compress_hook and fp16_compress_hook)
 #include <cohort/cohort.hpp>
 #include <torch/version.h>
 
@@ -35,6 +36,7 @@ struct settings {
   bool plain = false;
   std::string model = "cnn";
   cohort::reduce_on reduce_on = cohort::reduce_on::automatic;
+  cohort::gradient_compression compression = cohort::gradient_compression::none;
 };
 
 /// The communication-bound model: 784 -> 2048 -> 2048 -> 10, ReLUs (bench/compare/train_torch.py's MLP).
@@ -108,7 +110,7 @@ int distributed(settings const& s, cohort::tensor_dataset const& train, cohort::
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   auto fn = [&](cohort::context& ctx) {
     torch::manual_seed(0);
-    auto model = ctx.prepare_model(Net(), {.reduce_on = s.reduce_on});
+    auto model = ctx.prepare_model(Net(), {.reduce_on = s.reduce_on, .compression = s.compression});
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     auto& loader = ctx.dataset_shard("train", {.batch_size = s.batch, .prefetch_batches = s.prefetch});
     step_clock clock{.warmup = s.warmup_steps};
@@ -160,10 +162,13 @@ int main(int argc, char** argv) {
     else if (flag == "--reduce-on" && value == "automatic") s.reduce_on = cohort::reduce_on::automatic;
     else if (flag == "--reduce-on" && value == "thread") s.reduce_on = cohort::reduce_on::communication_thread;
     else if (flag == "--reduce-on" && value == "training") s.reduce_on = cohort::reduce_on::training_thread;
+    else if (flag == "--compression" && value == "none") s.compression = cohort::gradient_compression::none;
+    else if (flag == "--compression" && value == "bf16") s.compression = cohort::gradient_compression::bfloat16;
+    else if (flag == "--compression" && value == "fp16") s.compression = cohort::gradient_compression::float16;
     else {
       std::cerr << "error: unknown flag " << flag << " " << value
                 << ": use --data, --epochs, --max-train, --batch, --warmup-steps, --prefetch, --storage, --model cnn|mlp, "
-                   "--reduce-on automatic|thread|training or --plain\n";
+                   "--reduce-on automatic|thread|training, --compression none|bf16|fp16 or --plain\n";
       return 2;
     }
   }

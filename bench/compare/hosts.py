@@ -10,7 +10,9 @@ For each link rate:
                 (torchrun on each host, gloo), alternating which goes first; steady samples/s
 Per step, from the medians: step = global batch / samples/s; compute = the same ranks' share of a
 plain one-process loop on one host (ranks per host x batch / its samples/s); exposed
-communication = step - compute.
+communication = step - compute. --compression bf16|fp16: both sides' gradients travel as bfloat16 or
+float16 (cohort's model_options::compression against DDP's bf16_compress_hook or fp16_compress_hook);
+the all-reduce rows stay float32.
 Writes hosts.json (every run), hosts.md (tables) and hosts.png (samples/s against link rate).
 """
 import argparse
@@ -75,9 +77,9 @@ class Hosts:
                    "--master-addr", "10.77.0.1", f"--master-port={self.port}", self.a.train_torch, "ddp", *args]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outs = [p.communicate(timeout=900)[0] for p in procs]
-        for p, o in zip(procs, outs):
-            if p.returncode != 0:
-                raise SystemExit("error: DDP run failed:\n" + "\n".join(o.splitlines()[-15:]))
+        if any(p.returncode != 0 for p in procs):  # each host's own lines: torchrun's summary names only one
+            raise SystemExit("error: DDP run failed:\n" + "\n".join(
+                f"--- h{k}, exit {p.returncode}:\n" + "\n".join(o.splitlines()[-40:]) for k, (p, o) in enumerate(zip(procs, outs), 1)))
         return done_line(outs[0])
 
     def down(self):
@@ -107,6 +109,9 @@ def main():
     p.add_argument("--models", default="cnn,mlp")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--set", default="bench")
+    p.add_argument("--compression", choices=["none", "bf16", "fp16"], default="none",
+                   help="both sides' gradients all-reduced as bfloat16 or float16 (cohort's model_options::compression, "
+                        "DDP's bf16_compress_hook or fp16_compress_hook)")
     a = p.parse_args()
     a.slots = max(int(x) for x in a.layouts.split(","))
     data = ["--data", a.data] if a.data else []
@@ -124,7 +129,8 @@ def main():
             sync += sync_rows(a, hosts, link)
             for layout in map(int, a.layouts.split(",")):
                 for model in a.models.split(","):
-                    args = ["--model", model, "--max-train", str(64 * 2 * layout * steps[model]), *data]
+                    args = ["--model", model, "--max-train", str(64 * 2 * layout * steps[model]), *data,
+                            "--compression", a.compression]
                     for r in range(a.rounds):
                         for system in (("cohort", "ddp") if r % 2 == 0 else ("ddp", "cohort")):
                             if system == "cohort":
@@ -158,7 +164,8 @@ def report(a, runs, sync, plain):
                              "compute_ms": compute * 1e3, "cohort_step_ms": global_batch / c * 1e3,
                              "ddp_step_ms": global_batch / d * 1e3})
     with open(os.path.join(a.out, "hosts.json"), "w") as f:
-        json.dump({"runs": runs, "sync": sync, "plain_samples_per_s": plain, "rows": rows, "date": time.strftime("%Y-%m-%d")}, f, indent=1)
+        json.dump({"runs": runs, "sync": sync, "plain_samples_per_s": plain, "rows": rows, "compression": a.compression,
+                   "date": time.strftime("%Y-%m-%d")}, f, indent=1)
     md = ["| link | hosts x ranks | model | cohort samples/s | DDP samples/s | cohort / DDP | compute ms/step | "
           "exposed comm. ms/step, cohort | DDP |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:

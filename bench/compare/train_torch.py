@@ -5,6 +5,8 @@ data files and normalisation, batch per rank, SGD lr 0.05 momentum 0.9, epochs, 
 
   python train_torch.py plain ...               one process, no DDP: the Python baseline
   torchrun --nproc-per-node N train_torch.py ddp ...   PyTorch DDP over gloo (NCCL with --device cuda)
+                                                  (--compression bf16|fp16: DDP's bf16_compress_hook or
+                                                  fp16_compress_hook, as cohort's model_options::compression)
   python train_torch.py ray --workers N ...     Ray Train's TorchTrainer (DDP over gloo inside)
 
 Rank 0 prints the same JSON lines as the C++ side:
@@ -207,6 +209,15 @@ def ddp(cfg):
         device = torch.device("cpu")
         dist.init_process_group("gloo")
         wrap = DistributedDataParallel
+    if cfg["compression"] != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        hook = default_hooks.bf16_compress_hook if cfg["compression"] == "bf16" else default_hooks.fp16_compress_hook
+        plain_wrap = wrap
+
+        def wrap(net):
+            model = plain_wrap(net)
+            model.register_comm_hook(None, hook)
+            return model
     rank, world = dist.get_rank(), dist.get_world_size()
 
     def loader(dataset, batch):
@@ -256,6 +267,8 @@ def main():
     p.add_argument("--storage", default=os.path.abspath("compare_runs"), help="ray: RunConfig.storage_path")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="plain and ddp: where the model trains")
     p.add_argument("--model", choices=["cnn", "mlp"], default="cnn", help="the reference CNN, or the 23 MB MLP")
+    p.add_argument("--compression", choices=["none", "bf16", "fp16"], default="none",
+                   help="ddp: gradients all-reduced as bfloat16 or float16 (DDP's compression hooks)")
     p.add_argument("--like-fit-loop", action="store_true",
                    help="also read each step's loss and correct count back and score the test set every epoch, "
                         "as cohort::fit_loop (examples/fashion_mnist.cpp) does")
@@ -269,7 +282,7 @@ def main():
     threads = a.threads or max(1, len(os.sched_getaffinity(0)) // local)
     cfg = {"data": a.data, "epochs": a.epochs, "max_train": a.max_train, "batch": a.batch,
            "warmup_steps": a.warmup_steps, "threads": threads, "lr": a.lr, "device": a.device,
-           "like_fit_loop": a.like_fit_loop, "model": a.model}
+           "like_fit_loop": a.like_fit_loop, "model": a.model, "compression": a.compression}
     if a.mode == "plain":
         plain(cfg)
     elif a.mode == "ddp":
