@@ -241,19 +241,21 @@ TEMPLATE_TEST_CASE("the ring sums bfloat16 and float16 as the user operation doe
   CHECK(lo == hi);
 }
 
-TEST_CASE("the ring takes every average, and half-float sums only on a communicator across nodes", "[comm][pure]") {
+TEST_CASE("the ring takes float and double averages, and half-float sums and averages only across nodes", "[comm][pure]") {
   using cohort::comm::bfloat16;
   using cohort::comm::float16;
   using cohort::comm::detail::ring_reduces;
   for (bool across : {false, true}) {
     CHECK(ring_reduces<float>(reduce_op::avg, across));
-    CHECK(ring_reduces<bfloat16>(reduce_op::avg, across));
+    CHECK(ring_reduces<double>(reduce_op::avg, across));
+    CHECK(ring_reduces<bfloat16>(reduce_op::avg, across) == across);
     CHECK_FALSE(ring_reduces<float>(reduce_op::sum, across));
     CHECK_FALSE(ring_reduces<bfloat16>(reduce_op::max, across));
   }
   CHECK(ring_reduces<bfloat16>(reduce_op::sum, true));
   CHECK(ring_reduces<float16>(reduce_op::sum, true));
   CHECK_FALSE(ring_reduces<bfloat16>(reduce_op::sum, false));  // one node: Open MPI's user operation is as fast
+  CHECK_FALSE(ring_reduces<float16>(reduce_op::avg, false));
   CHECK_FALSE(ring_reduces<std::int64_t>(reduce_op::sum, true));
 }
 

@@ -102,8 +102,9 @@ class mpi {
 
   /// In-place element-wise reduction over all ranks. Cost: one MPI_Iallreduce per 1 Gi elements;
   /// from 32 KiB per rank a ring all-reduce instead (detail::ring_allreduce) for reduce_op::avg
-  /// (the division fused in) and, across nodes, for sums of bfloat16 and float16 (compressed
-  /// gradients; detail::ring_reduces); a smaller average is MPI_Iallreduce and one scaling pass.
+  /// of float and double (the division fused in) and, across nodes, for sums and averages of
+  /// bfloat16 and float16 (compressed gradients; detail::ring_reduces); an average otherwise is
+  /// MPI_Iallreduce and one scaling pass.
   template <reducible T>
   void allreduce(T* data, std::size_t count, reduce_op op) {
     if constexpr (detail::averageable<T>) {

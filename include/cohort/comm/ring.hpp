@@ -142,17 +142,18 @@ struct ring_pieces {
 };
 
 /// Pure: whether comm::mpi reduces `op` on T with ring_allreduce (from ring_min_bytes_per_rank):
-/// the average of floating types; and the sum of bfloat16 and float16 (compressed gradient
-/// buckets) on a communicator `across_nodes`. Open MPI reduces those sums with a user operation in
+/// the average of float and double; and the sum and average of bfloat16 and float16 (compressed
+/// gradient buckets are summed) on a communicator `across_nodes`. Open MPI reduces those with a user operation in
 /// its own algorithm: on one node on par with the ring or faster (docs/benchmarks.md, "Gradient
 /// synchronisation"), across nodes over TCP whole messages that wait for a handshake, which left
 /// compression no faster than none (docs/benchmarks.md, "Across hosts").
 template <class T>
 constexpr bool ring_reduces(reduce_op op, bool across_nodes) {
-  return (op == reduce_op::avg && averageable<T>) || (op == reduce_op::sum && half_float<T> && across_nodes);
+  return (op == reduce_op::avg && std::floating_point<T>) ||
+         (half_float<T> && across_nodes && (op == reduce_op::sum || op == reduce_op::avg));
 }
 
-/// In-place sum or average (`op`, ring_reduces) over `size` ranks with a ring (reduce-scatter,
+/// In-place sum or average (`op`: reduce_op::sum or avg; ring_reduces) over `size` ranks with a ring (reduce-scatter,
 /// then all-gather: each rank sends and receives 2 (size-1)/size of the buffer, like NCCL's ring),
 /// an average's division fused into the last reduction step so no extra pass over the buffer is
 /// made. Every rank ends with bitwise the same values, whatever the pieces. `scratch` holds one
