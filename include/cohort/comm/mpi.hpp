@@ -219,7 +219,7 @@ class mpi {
   bool across_nodes_ = false;  ///< some rank runs on another node: then every rank has one
   mpi_options options_{};
   mutable std::uint64_t sequence_ = 0;  ///< collectives started on this communicator (split() counts)
-  std::vector<std::byte> scratch_;  ///< ring_average's receive segment
+  std::vector<std::byte> scratch_;  ///< ring_allreduce's receive segment
 };
 
 static_assert(communicator<mpi>);
