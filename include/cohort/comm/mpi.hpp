@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -52,11 +51,10 @@ class mpi {
     detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     detail::check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
     if (size_ > 1) {
-      right_remote_ = detail::on_other_node(comm_, (rank_ + 1) % size_);
-      left_remote_ = detail::on_other_node(comm_, (rank_ + size_ - 1) % size_);
-      std::vector<int> all(static_cast<std::size_t>(size_));
-      std::iota(all.begin(), all.end(), 0);
-      across_nodes_ = detail::on_other_node(comm_, all);
+      auto const other = detail::ranks_on_other_node(comm_);
+      right_remote_ = other[static_cast<std::size_t>((rank_ + 1) % size_)];
+      left_remote_ = other[static_cast<std::size_t>((rank_ + size_ - 1) % size_)];
+      across_nodes_ = std::find(other.begin(), other.end(), true) != other.end();
     }
   }
   mpi(mpi&& o) noexcept
@@ -214,7 +212,7 @@ class mpi {
   bool owned_ = false;
   int rank_ = 0;
   int size_ = 1;
-  bool right_remote_ = false;  ///< rank + 1 runs on another node (detail::on_other_node)
+  bool right_remote_ = false;  ///< rank + 1 runs on another node (detail::ranks_on_other_node)
   bool left_remote_ = false;   ///< rank - 1 runs on another node
   bool across_nodes_ = false;  ///< some rank runs on another node: then every rank has one
   mpi_options options_{};

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <numeric>
 #include <vector>
 
 #include "cohort/comm/communicator.hpp"
@@ -90,19 +91,23 @@ inline std::vector<int> world_ranks_of(MPI_Comm comm, std::vector<int> const& ra
   return in_world;
 }
 
-/// Whether any of `ranks` of `comm` runs on another node than this one (world_rank_on_other_node).
-/// Local: no communication.
-inline bool on_other_node(MPI_Comm comm, std::vector<int> const& ranks) {
+/// For each rank of `comm`, whether it runs on another node than this one
+/// (world_rank_on_other_node): one group translation, no communication.
+inline std::vector<bool> ranks_on_other_node(MPI_Comm comm) {
+  int size = 0;
+  check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  std::vector<bool> other(static_cast<std::size_t>(size), false);
   auto const& remote = world_rank_on_other_node();
-  if (remote.empty()) return false;
+  if (remote.empty()) return other;
+  std::vector<int> ranks(static_cast<std::size_t>(size));
+  std::iota(ranks.begin(), ranks.end(), 0);
   auto const in_world = world_ranks_of(comm, ranks);
-  return std::any_of(in_world.begin(), in_world.end(), [&](int w) {
-    return w >= 0 && static_cast<std::size_t>(w) < remote.size() && remote[static_cast<std::size_t>(w)];
-  });
+  for (std::size_t r = 0; r < in_world.size(); ++r) {
+    auto const w = in_world[r];
+    other[r] = w >= 0 && static_cast<std::size_t>(w) < remote.size() && remote[static_cast<std::size_t>(w)];
+  }
+  return other;
 }
-
-/// Whether `peer` of `comm` runs on another node.
-inline bool on_other_node(MPI_Comm comm, int peer) { return on_other_node(comm, std::vector<int>{peer}); }
 
 /// `ns` elements to `to` in messages of `send_piece` elements and `nr` elements from `from` in
 /// messages of `recv_piece` (the peers' pieces mirror these), every receive posted before the
@@ -143,21 +148,22 @@ struct ring_pieces {
 
 /// Pure: whether comm::mpi reduces `op` on T with ring_allreduce (from ring_min_bytes_per_rank):
 /// the average of float and double; and the sum and average of bfloat16 and float16 (compressed
-/// gradient buckets are summed) on a communicator `across_nodes`. Open MPI reduces those with a user operation in
-/// its own algorithm: on one node on par with the ring or faster (docs/benchmarks.md, "Gradient
-/// synchronisation"), across nodes over TCP whole messages that wait for a handshake, which left
-/// compression no faster than none (docs/benchmarks.md, "Across hosts").
+/// gradient buckets are summed) on a communicator `across_nodes`. Open MPI reduces those with a
+/// user operation in its own algorithm: on one node on par with the ring or faster
+/// (docs/benchmarks.md, "Gradient synchronisation"), across nodes over TCP whole messages that
+/// wait for a handshake, which left compression no faster than none (docs/benchmarks.md, "Across
+/// hosts").
 template <class T>
 constexpr bool ring_reduces(reduce_op op, bool across_nodes) {
   return (op == reduce_op::avg && std::floating_point<T>) ||
          (half_float<T> && across_nodes && (op == reduce_op::sum || op == reduce_op::avg));
 }
 
-/// In-place sum or average (`op`: reduce_op::sum or avg; ring_reduces) over `size` ranks with a ring (reduce-scatter,
-/// then all-gather: each rank sends and receives 2 (size-1)/size of the buffer, like NCCL's ring),
-/// an average's division fused into the last reduction step so no extra pass over the buffer is
-/// made. Every rank ends with bitwise the same values, whatever the pieces. `scratch` holds one
-/// segment; it only grows.
+/// In-place sum or average (`op`: reduce_op::sum or avg; ring_reduces) over `size` ranks with a
+/// ring (reduce-scatter, then all-gather: each rank sends and receives 2 (size-1)/size of the
+/// buffer, like NCCL's ring), an average's division fused into the last reduction step so no
+/// extra pass over the buffer is made. Every rank ends with bitwise the same values, whatever the
+/// pieces. `scratch` holds one segment; it only grows.
 template <class T>
   requires averageable<T>
 void ring_allreduce(T* data, std::size_t count, reduce_op op, MPI_Comm comm, int rank, int size,
@@ -185,10 +191,10 @@ void ring_allreduce(T* data, std::size_t count, reduce_op op, MPI_Comm comm, int
 }
 
 /// Buffers of at least this many bytes per rank are reduced with ring_allreduce; smaller ones
-/// with MPI_Allreduce (fewer steps) and, for an average, a scaling pass. Chosen by bench_gradient_sync's ring
-/// against MPI_Allreduce table (docs/benchmarks.md, "Gradient synchronisation"): at 2 ranks the
-/// ring mostly takes 1.2-1.8x the time below 8 KiB per rank, is on par at 8 KiB and faster in
-/// every run from 16 KiB per rank; 32 KiB leaves one size of margin.
+/// with MPI_Allreduce (fewer steps) and, for an average, a scaling pass. Chosen by
+/// bench_gradient_sync's ring against MPI_Allreduce table (docs/benchmarks.md, "Gradient
+/// synchronisation"): at 2 ranks the ring mostly takes 1.2-1.8x the time below 8 KiB per rank, is
+/// on par at 8 KiB and faster in every run from 16 KiB per rank; 32 KiB leaves one size of margin.
 inline constexpr std::size_t ring_min_bytes_per_rank = 32 << 10;
 
 }  // namespace cohort::comm::detail
