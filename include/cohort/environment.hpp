@@ -4,10 +4,15 @@
 
 #include <mpi.h>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -75,6 +80,46 @@ inline void set_transport_defaults() {
     ::setenv(name.c_str(), value.c_str(), 0);
 }
 
+/// glibc's heap settings cohort starts a process with (set_heap_defaults): blocks under
+/// `mmap_threshold_bytes` come from the heap, and the heap gives memory back to the system only
+/// when more than `trim_threshold_bytes` are free at its top. Left alone, glibc starts both at
+/// 128 KiB and raises them only when a block it mapped is freed (to that block's size, and twice
+/// that), so whether a step's tensors (the reference CNN's activations: 6.4 MB each at batch 64)
+/// stay in the heap depended on what the program had freed before; where they did not, they went
+/// to the system and faulted in again every step (3.9 GB a one-rank epoch), and the Fashion-MNIST
+/// example ran 1.27x as long at 2 ranks (docs/benchmarks.md, "The example against an earlier
+/// build"). These are the values glibc's own rule reaches after freeing a 32 MiB block (the largest
+/// mmap threshold it takes), set from the start. Blocks of 32 MiB and more are still mapped for
+/// each use; a program with many of them is better served by jemalloc or tcmalloc (LD_PRELOAD),
+/// which these settings do not touch.
+struct heap_settings {
+  int mmap_threshold_bytes = 32 << 20;
+  int trim_threshold_bytes = 64 << 20;
+};
+
+/// Whether the job sets glibc's heap itself: a glibc.malloc tunable in `glibc_tunables` (the
+/// GLIBC_TUNABLES variable, null when unset), or `malloc_variable_set` (one of glibc's
+/// MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_). Then cohort
+/// sets none of heap_settings: a value set by glibc's own means wins. Pure.
+inline bool job_sets_heap(char const* glibc_tunables, bool malloc_variable_set) {
+  return malloc_variable_set ||
+         (glibc_tunables != nullptr && std::string_view(glibc_tunables).find("glibc.malloc.") != std::string_view::npos);
+}
+
+/// Sets heap_settings with mallopt where the job set none of its own (job_sets_heap); nothing
+/// where the C library is not glibc.
+inline void set_heap_defaults() {
+#ifdef __GLIBC__
+  bool variable = false;
+  for (char const* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"})
+    variable = variable || std::getenv(name) != nullptr;
+  if (job_sets_heap(std::getenv("GLIBC_TUNABLES"), variable)) return;
+  heap_settings const s;
+  (void)mallopt(M_MMAP_THRESHOLD, s.mmap_threshold_bytes);
+  (void)mallopt(M_TRIM_THRESHOLD, s.trim_threshold_bytes);
+#endif
+}
+
 /// Where the ranks of `node` (one node's ranks, a collective over it) are bound: every rank's
 /// binding in one allgather of 128-byte bitmaps, and the spare cores none of them is bound to.
 inline scaling::cpu_placement find_cpu_placement(MPI_Comm node) {
@@ -108,12 +153,14 @@ inline std::vector<bool> world_ranks_off_node(MPI_Comm node, int world) {
 }
 
 /// Initialises MPI with MPI_THREAD_MULTIPLE (the tuner's coordinator thread on rank 0 talks to the
-/// trial groups while rank 0's own trial trains) unless it is already up. Returns true when this
-/// call initialised it.
+/// trial groups while rank 0's own trial trains) unless it is already up, after setting the
+/// process's heap and transport defaults (set_heap_defaults, set_transport_defaults). Returns true
+/// when this call initialised it.
 inline bool ensure_mpi(int* argc, char*** argv) {
   int up = 0;
   MPI_Initialized(&up);
   if (up) return false;
+  set_heap_defaults();
   set_transport_defaults();
   int provided = 0;
   comm::detail::check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
@@ -162,6 +209,8 @@ inline void ensure_mpi_for_program() {
 /// Brings MPI up (MPI_THREAD_MULTIPLE) and takes it down at scope exit. Construct one at the
 /// top of main, on every rank, before any cohort call:
 /// `cohort::environment env{argc, argv};`. If MPI is already initialised, it is left alone.
+/// Before MPI starts, it sets the process's heap (detail::heap_settings) and Open MPI's transport
+/// (detail::transport_defaults) where the job sets none of its own.
 class environment {
  public:
   environment() : owns_(detail::ensure_mpi(nullptr, nullptr)) {}
