@@ -106,14 +106,19 @@ inline bool job_sets_heap(char const* glibc_tunables, bool malloc_variable_set) 
          (glibc_tunables != nullptr && std::string_view(glibc_tunables).find("glibc.malloc.") != std::string_view::npos);
 }
 
+/// job_sets_heap for this process's environment variables.
+inline bool job_sets_heap() {
+  bool variable = false;
+  for (char const* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"})
+    variable = variable || std::getenv(name) != nullptr;
+  return job_sets_heap(std::getenv("GLIBC_TUNABLES"), variable);
+}
+
 /// Sets heap_settings with mallopt where the job set none of its own (job_sets_heap); nothing
 /// where the C library is not glibc.
 inline void set_heap_defaults() {
 #ifdef __GLIBC__
-  bool variable = false;
-  for (char const* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"})
-    variable = variable || std::getenv(name) != nullptr;
-  if (job_sets_heap(std::getenv("GLIBC_TUNABLES"), variable)) return;
+  if (job_sets_heap()) return;
   heap_settings const s;
   (void)mallopt(M_MMAP_THRESHOLD, s.mmap_threshold_bytes);
   (void)mallopt(M_TRIM_THRESHOLD, s.trim_threshold_bytes);
