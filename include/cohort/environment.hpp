@@ -4,10 +4,6 @@
 
 #include <mpi.h>
 
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
-
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
@@ -16,6 +12,10 @@
 #include <system_error>
 #include <utility>
 #include <vector>
+
+#ifdef __GLIBC__  // defined by the C library's headers (<cstdlib> above), not by the compiler
+#include <malloc.h>
+#endif
 
 #include "cohort/comm/deadline.hpp"
 #include "cohort/comm/mpi.hpp"
